@@ -1,0 +1,110 @@
+// The YAML job spec: what one fine-tuning or evaluation job does.
+//
+// ParseJobSpecFile/ParseJobSpecText turn a spec into a validated JobSpec or a
+// Status whose message names the file, line and dotted key
+// ("job.yaml:7: training.learning_rate: expected a number, got 'fast'").
+// docs/job-spec.md documents every key for users; keep the two in step.
+//
+// Torch-free and yaml-cpp-free: plain structs, so that the engine (LibTorch),
+// the worker (protobuf) and the daemon can all include it.
+//
+// A parsed JobSpec satisfies every rule the parser checks: enum-like strings hold
+// one of their allowed values, numbers are in range, the keys the task needs are
+// present and every path is absolute (given an absolute base_dir) and lexically
+// normal, with no trailing separator. Whether files exist is not checked here:
+// the engine does that when it opens them.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace trainerd {
+
+// The linear layers of a Llama decoder layer that LoRA can adapt, in the order
+// "all-linear" expands to.
+inline const std::vector<std::string>& AllLinearModules() {
+  static const std::vector<std::string> kModules = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
+                                                    "gate_proj", "up_proj", "down_proj"};
+  return kModules;
+}
+
+struct AdapterSpec {
+  std::string type = "lora";  // only "lora"
+  int64_t r = 8;              // >= 1
+  double alpha = 16;          // > 0; scaling is alpha / r, or alpha / sqrt(r) with use_rslora
+  double dropout = 0.0;       // in [0, 1)
+  // Distinct names from AllLinearModules(), in the order written; "all-linear" in
+  // the spec becomes all seven.
+  std::vector<std::string> target_modules = {"q_proj", "k_proj", "v_proj", "o_proj"};
+  bool use_rslora = false;
+  std::string init;  // folder of an existing PEFT adapter to start from; absolute or empty
+
+  // Which fields were written in the spec rather than defaulted, so that the
+  // adapter_config.json found in `init` can be checked against them.
+  bool r_set = false, alpha_set = false, target_modules_set = false, use_rslora_set = false,
+       dropout_set = false;
+};
+
+struct JobSpec {
+  std::string source;             // the spec file's path as given, for messages
+  std::string base_dir;           // the folder relative paths were resolved against
+  std::string task = "finetune";  // finetune | eval
+
+  struct Model {
+    std::string path;            // Hugging Face model folder; required
+    std::string dtype = "auto";  // auto | float32 | bfloat16 | float16
+  } model;
+
+  // Absent when the spec has no `adapter:` section: full fine-tuning.
+  std::optional<AdapterSpec> adapter;
+
+  struct Data {
+    std::string train;              // required by task finetune
+    std::string eval;               // required by task eval; optional for finetune
+    std::string format = "tokens";  // tokens
+    int64_t max_seq_len = 2048;     // >= 2; longer examples are truncated
+    bool shuffle = true;
+  } data;
+
+  struct Training {
+    double epochs = 1;             // > 0; fractional epochs allowed
+    int64_t max_steps = 0;         // optimizer steps; 0 = derive from epochs, else overrides epochs
+    int64_t micro_batch_size = 1;  // >= 1
+    int64_t gradient_accumulation_steps = 1;      // >= 1
+    double learning_rate = 2e-4;                  // > 0; peak, after warmup
+    std::string lr_scheduler = "linear";          // constant | linear | cosine
+    int64_t warmup_steps = 0;                     // >= 0
+    double weight_decay = 0.0;                    // >= 0
+    double adam_beta1 = 0.9, adam_beta2 = 0.999;  // each in [0, 1)
+    double adam_epsilon = 1e-8;                   // > 0
+    double max_grad_norm = 1.0;                   // >= 0; 0 = no clipping
+    uint64_t seed = 42;
+    int64_t eval_every = 0;        // steps; >= 0, 0 = no periodic evaluation
+    int64_t checkpoint_every = 0;  // steps; >= 0, 0 = no periodic checkpoints
+    int64_t checkpoint_keep = 2;   // >= 1: most recent checkpoints kept
+    int64_t log_every = 1;         // steps; >= 1
+  } training;
+
+  struct Output {
+    std::string dir;     // required
+    bool merge = false;  // also export the model with the adapter merged in
+  } output;
+
+  std::string device = "auto";  // auto | cpu | cuda | cuda:N
+};
+
+// Reads and parses the spec at `path`. Relative paths in it resolve against the
+// absolute form of the file's folder; `source` is `path` as given.
+StatusOr<JobSpec> ParseJobSpecFile(const std::string& path);
+
+// Parses the YAML in `text`. `source` names it in messages (normally a path).
+// Relative paths in the spec become base_dir/path, lexically normalised;
+// base_dir should be absolute (the daemon passes the client's working folder).
+StatusOr<JobSpec> ParseJobSpecText(const std::string& text, const std::string& source,
+                                   const std::string& base_dir);
+
+}  // namespace trainerd

@@ -1,0 +1,29 @@
+// Micro-batches of token examples and the causal-LM loss over them.
+#pragma once
+
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "engine/llama_model.h"
+#include "engine/token_dataset.h"
+
+namespace trainerd::engine {
+
+struct Batch {
+  torch::Tensor input_ids;  // (B, T) int64, right-padded with token 0
+  torch::Tensor labels;     // (B, T) int64, -100 at padding
+  int64_t input_tokens = 0;   // non-padding tokens
+  int64_t target_tokens = 0;  // positions 1..T-1 with a label
+};
+
+// Pads the examples to the longest one. Padding sits after each row's real
+// tokens, so causal attention keeps it from influencing them.
+Batch MakeBatch(const std::vector<const TokenExample*>& examples, const torch::Device& device);
+
+// Sum over target positions of -log softmax(logits)[label], computed in
+// float32, as a 0-dim float32 tensor (differentiable). The logits at
+// position t score labels[t + 1].
+torch::Tensor CausalLmLossSum(const LlamaModel& model, const Batch& batch);
+
+}  // namespace trainerd::engine

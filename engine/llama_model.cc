@@ -1,0 +1,255 @@
+#include "engine/llama_model.h"
+
+#include <cmath>
+
+#include <torch/version.h>
+
+namespace trainerd::engine {
+
+torch::Tensor Linear::Forward(const torch::Tensor& x, bool training) const {
+  torch::Tensor y = torch::nn::functional::linear(x, weight, bias.defined() ? bias : torch::Tensor());
+  if (!lora) return y;
+  // PEFT: the input is cast to the adapter's dtype (float32), the update added,
+  // and the sum cast back to the base layer's dtype.
+  torch::Tensor h = x.to(lora->a.scalar_type());
+  if (lora->dropout > 0) h = torch::dropout(h, lora->dropout, training);
+  torch::Tensor update = torch::matmul(torch::matmul(h, lora->a.t()), lora->b.t()) * lora->scaling;
+  return (y + update).to(y.scalar_type());
+}
+
+Linear* DecoderLayer::Module(const std::string& short_name) {
+  if (short_name == "q_proj") return &q_proj;
+  if (short_name == "k_proj") return &k_proj;
+  if (short_name == "v_proj") return &v_proj;
+  if (short_name == "o_proj") return &o_proj;
+  if (short_name == "gate_proj") return &gate_proj;
+  if (short_name == "up_proj") return &up_proj;
+  if (short_name == "down_proj") return &down_proj;
+  return nullptr;
+}
+
+torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+  torch::Tensor h = x.to(torch::kFloat32);
+  torch::Tensor variance = h.pow(2).mean(-1, /*keepdim=*/true);
+  h = h * torch::rsqrt(variance + eps);
+  return weight * h.to(x.scalar_type());
+}
+
+torch::Tensor RopeInverseFrequencies(const ModelConfig& config) {
+  const int64_t dim = config.head_dim;
+  torch::Tensor exponents = torch::arange(0, dim, 2, torch::kInt64).to(torch::kFloat32) / static_cast<double>(dim);
+  torch::Tensor inv_freq = 1.0 / torch::pow(torch::tensor(config.rope_theta, torch::kFloat32), exponents);
+  const RopeScaling& s = config.rope_scaling;
+  switch (s.type) {
+    case RopeScalingType::kNone:
+      return inv_freq;
+    case RopeScalingType::kLinear:
+      return inv_freq / s.factor;
+    case RopeScalingType::kLlama3: {
+      // transformers' _compute_llama3_parameters.
+      const double old_context = static_cast<double>(s.original_max_position_embeddings);
+      const double low_freq_wavelen = old_context / s.low_freq_factor;
+      const double high_freq_wavelen = old_context / s.high_freq_factor;
+      torch::Tensor wavelen = 2 * M_PI / inv_freq;
+      torch::Tensor scaled = torch::where(wavelen > low_freq_wavelen, inv_freq / s.factor, inv_freq);
+      torch::Tensor smooth = (old_context / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+      torch::Tensor smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled;
+      torch::Tensor is_medium = torch::logical_not(wavelen < high_freq_wavelen) &
+                                torch::logical_not(wavelen > low_freq_wavelen);
+      return torch::where(is_medium, smoothed, scaled);
+    }
+  }
+  return inv_freq;
+}
+
+namespace {
+
+// (x1, x2) -> (-x2, x1) over the last dimension's halves.
+torch::Tensor RotateHalf(const torch::Tensor& x) {
+  const int64_t half = x.size(-1) / 2;
+  return torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+}
+
+// (B, nkv, T, d) -> (B, nkv * n_rep, T, d), each kv head repeated n_rep times
+// in place (transformers' repeat_kv).
+torch::Tensor RepeatKv(const torch::Tensor& x, int64_t n_rep) {
+  if (n_rep == 1) return x;
+  const auto b = x.size(0), kv = x.size(1), t = x.size(2), d = x.size(3);
+  return x.unsqueeze(2).expand({b, kv, n_rep, t, d}).reshape({b, kv * n_rep, t, d});
+}
+
+}  // namespace
+
+torch::Tensor CausalAttentionExplicit(const torch::Tensor& q, const torch::Tensor& k,
+                                      const torch::Tensor& v) {
+  const int64_t n_rep = q.size(1) / k.size(1);
+  torch::Tensor kr = RepeatKv(k, n_rep), vr = RepeatKv(v, n_rep);
+  const int64_t t = q.size(2);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
+  torch::Tensor scores = torch::matmul(q, kr.transpose(2, 3)) * scale;  // (B, nh, T, T)
+  torch::Tensor future = torch::ones({t, t}, torch::TensorOptions().dtype(torch::kBool).device(q.device())).triu(1);
+  scores = scores.to(torch::kFloat32).masked_fill(future, -std::numeric_limits<float>::infinity());
+  torch::Tensor probs = torch::softmax(scores, -1).to(q.scalar_type());
+  return torch::matmul(probs, vr);
+}
+
+torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
+#if TORCH_VERSION_MAJOR >= 2
+  const int64_t n_rep = q.size(1) / k.size(1);
+  return at::scaled_dot_product_attention(q, RepeatKv(k, n_rep), RepeatKv(v, n_rep), /*attn_mask=*/{},
+                                          /*dropout_p=*/0.0, /*is_causal=*/true);
+#else
+  return CausalAttentionExplicit(q, k, v);
+#endif
+}
+
+torch::Tensor LlamaModel::Attention(const DecoderLayer& layer, const torch::Tensor& x,
+                                    const torch::Tensor& cos, const torch::Tensor& sin) const {
+  const int64_t b = x.size(0), t = x.size(1), d = config_.head_dim;
+  const int64_t nh = config_.num_attention_heads, nkv = config_.num_key_value_heads;
+  torch::Tensor q = layer.q_proj.Forward(x, training_).view({b, t, nh, d}).transpose(1, 2);
+  torch::Tensor k = layer.k_proj.Forward(x, training_).view({b, t, nkv, d}).transpose(1, 2);
+  torch::Tensor v = layer.v_proj.Forward(x, training_).view({b, t, nkv, d}).transpose(1, 2);
+  q = q * cos + RotateHalf(q) * sin;
+  k = k * cos + RotateHalf(k) * sin;
+  torch::Tensor o = CausalAttention(q, k, v);  // (B, nh, T, d)
+  o = o.transpose(1, 2).reshape({b, t, nh * d});
+  return layer.o_proj.Forward(o, training_);
+}
+
+torch::Tensor LlamaModel::Hidden(const torch::Tensor& input_ids) const {
+  const int64_t t = input_ids.size(1);
+  torch::Tensor h = torch::embedding(embed_tokens_, input_ids);  // (B, T, H)
+  // cos/sin: (1, 1, T, d) in float32, cast to the model dtype as transformers does.
+  torch::Tensor positions = torch::arange(t, torch::TensorOptions().dtype(torch::kFloat32).device(device()));
+  torch::Tensor freqs = torch::outer(positions, inv_freq_);  // (T, d/2)
+  torch::Tensor emb = torch::cat({freqs, freqs}, -1);
+  torch::Tensor cos = emb.cos().to(dtype()).view({1, 1, t, -1});
+  torch::Tensor sin = emb.sin().to(dtype()).view({1, 1, t, -1});
+  const double eps = config_.rms_norm_eps;
+  for (const DecoderLayer& layer : layers_) {
+    h = h + Attention(layer, RmsNorm(h, layer.input_norm, eps), cos, sin);
+    torch::Tensor x = RmsNorm(h, layer.post_attention_norm, eps);
+    torch::Tensor gated = torch::silu(layer.gate_proj.Forward(x, training_)) * layer.up_proj.Forward(x, training_);
+    h = h + layer.down_proj.Forward(gated, training_);
+  }
+  return RmsNorm(h, norm_, eps);
+}
+
+torch::Tensor LlamaModel::Logits(const torch::Tensor& hidden) const {
+  return torch::nn::functional::linear(hidden, lm_head_);
+}
+
+namespace {
+
+class WeightTaker {
+ public:
+  WeightTaker(std::map<std::string, torch::Tensor> weights, std::string origin)
+      : weights_(std::move(weights)), origin_(std::move(origin)) {}
+
+  StatusOr<torch::Tensor> Take(const std::string& name, std::vector<int64_t> shape) {
+    auto it = weights_.find(name);
+    if (it == weights_.end()) {
+      return Status::Error(origin_ + ": tensor " + name +
+                           " is missing from the weights (config.json implies it)");
+    }
+    if (it->second.sizes().vec() != shape) {
+      return Status::Error(origin_ + ": tensor " + name + " has shape " + ShapeString(it->second.sizes().vec()) +
+                           " but config.json implies " + ShapeString(shape));
+    }
+    torch::Tensor t = std::move(it->second);
+    weights_.erase(it);
+    return t;
+  }
+  bool Has(const std::string& name) const { return weights_.count(name) > 0; }
+  void Drop(const std::string& name) { weights_.erase(name); }
+  const std::map<std::string, torch::Tensor>& rest() const { return weights_; }
+
+  static std::string ShapeString(const std::vector<int64_t>& shape) {
+    std::string s = "[";
+    for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+    return s + "]";
+  }
+
+ private:
+  std::map<std::string, torch::Tensor> weights_;
+  std::string origin_;
+};
+
+StatusOr<Linear> TakeLinear(WeightTaker& w, const std::string& name, int64_t in, int64_t out, bool bias) {
+  Linear l;
+  l.name = name;
+  TRAINERD_ASSIGN_OR_RETURN(l.weight, w.Take(name + ".weight", {out, in}));
+  if (bias) {
+    TRAINERD_ASSIGN_OR_RETURN(l.bias, w.Take(name + ".bias", {out}));
+  }
+  return l;
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::FromWeights(const ModelConfig& config,
+                                                               std::map<std::string, torch::Tensor> weights,
+                                                               const std::string& origin) {
+  std::unique_ptr<LlamaModel> m(new LlamaModel(config));
+  WeightTaker w(std::move(weights), origin);
+  const int64_t hidden = config.hidden_size, inter = config.intermediate_size, d = config.head_dim;
+  const int64_t q_out = config.num_attention_heads * d, kv_out = config.num_key_value_heads * d;
+  TRAINERD_ASSIGN_OR_RETURN(m->embed_tokens_, w.Take("model.embed_tokens.weight", {config.vocab_size, hidden}));
+  for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    DecoderLayer layer;
+    TRAINERD_ASSIGN_OR_RETURN(layer.input_norm, w.Take(p + "input_layernorm.weight", {hidden}));
+    TRAINERD_ASSIGN_OR_RETURN(layer.post_attention_norm, w.Take(p + "post_attention_layernorm.weight", {hidden}));
+    TRAINERD_ASSIGN_OR_RETURN(layer.q_proj, TakeLinear(w, p + "self_attn.q_proj", hidden, q_out, config.qkv_bias));
+    TRAINERD_ASSIGN_OR_RETURN(layer.k_proj, TakeLinear(w, p + "self_attn.k_proj", hidden, kv_out, config.qkv_bias));
+    TRAINERD_ASSIGN_OR_RETURN(layer.v_proj, TakeLinear(w, p + "self_attn.v_proj", hidden, kv_out, config.qkv_bias));
+    TRAINERD_ASSIGN_OR_RETURN(layer.o_proj, TakeLinear(w, p + "self_attn.o_proj", q_out, hidden, config.o_bias));
+    TRAINERD_ASSIGN_OR_RETURN(layer.gate_proj, TakeLinear(w, p + "mlp.gate_proj", hidden, inter, config.mlp_bias));
+    TRAINERD_ASSIGN_OR_RETURN(layer.up_proj, TakeLinear(w, p + "mlp.up_proj", hidden, inter, config.mlp_bias));
+    TRAINERD_ASSIGN_OR_RETURN(layer.down_proj, TakeLinear(w, p + "mlp.down_proj", inter, hidden, config.mlp_bias));
+    // Some older checkpoints carry the rotary table; it is recomputed here.
+    w.Drop(p + "self_attn.rotary_emb.inv_freq");
+    m->layers_.push_back(std::move(layer));
+  }
+  TRAINERD_ASSIGN_OR_RETURN(m->norm_, w.Take("model.norm.weight", {hidden}));
+  if (config.tie_word_embeddings) {
+    // Some tied checkpoints still store lm_head.weight (a copy): the embedding wins, as in transformers.
+    w.Drop("lm_head.weight");
+    m->lm_head_ = m->embed_tokens_;
+  } else {
+    TRAINERD_ASSIGN_OR_RETURN(m->lm_head_, w.Take("lm_head.weight", {config.vocab_size, hidden}));
+  }
+  if (!w.rest().empty()) {
+    std::string names;
+    int shown = 0;
+    for (const auto& [name, _] : w.rest()) {
+      if (shown++ == 3) { names += ", ..."; break; }
+      names += (names.empty() ? "" : ", ") + name;
+    }
+    return Status::Error(origin + ": " + std::to_string(w.rest().size()) + " tensor(s) not part of a " +
+                         config.model_type + " model as config.json describes it: " + names);
+  }
+  m->inv_freq_ = RopeInverseFrequencies(config).to(m->device());
+  return m;
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> LlamaModel::NamedWeights() const {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  out.emplace_back("model.embed_tokens.weight", embed_tokens_);
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const DecoderLayer& l = layers_[i];
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    out.emplace_back(p + "input_layernorm.weight", l.input_norm);
+    out.emplace_back(p + "post_attention_layernorm.weight", l.post_attention_norm);
+    for (const Linear* lin : {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj, &l.up_proj, &l.down_proj}) {
+      out.emplace_back(lin->name + ".weight", lin->weight);
+      if (lin->bias.defined()) out.emplace_back(lin->name + ".bias", lin->bias);
+    }
+  }
+  out.emplace_back("model.norm.weight", norm_);
+  if (!config_.tie_word_embeddings) out.emplace_back("lm_head.weight", lm_head_);
+  return out;
+}
+
+}  // namespace trainerd::engine

@@ -1,0 +1,236 @@
+#include "engine/trainer.h"
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+
+#include "engine/batch.h"
+#include "engine/lr_schedule.h"
+
+namespace trainerd::engine {
+namespace fs = std::filesystem;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point since) {
+  return std::chrono::duration<double>(Clock::now() - since).count();
+}
+
+// splitmix64: a small, fully specified generator, so that an epoch's order is
+// the same on every platform and library version.
+uint64_t SplitMix(uint64_t& state) {
+  uint64_t z = (state += 0x9E3779B97F4A7C15ULL);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+// Weight decay applies to weight matrices and LoRA matrices, not to norms or
+// biases (Hugging Face Trainer's rule).
+bool DecaysWeight(const std::string& name) {
+  if (name.size() >= 5 && name.compare(name.size() - 5, 5, ".bias") == 0) return false;
+  return name.find("norm.weight") == std::string::npos && name.find("layernorm") == std::string::npos;
+}
+
+}  // namespace
+
+EvalResult Evaluate(LlamaModel& model, const TokenDataset& data, int64_t batch_size) {
+  torch::NoGradGuard no_grad;
+  const bool was_training = model.training();
+  model.set_training(false);
+  double sum = 0;
+  EvalResult result;
+  const auto& examples = data.examples;
+  for (size_t start = 0; start < examples.size(); start += batch_size) {
+    std::vector<const TokenExample*> chunk;
+    for (size_t i = start; i < std::min(examples.size(), start + batch_size); ++i) chunk.push_back(&examples[i]);
+    Batch batch = MakeBatch(chunk, model.device());
+    sum += CausalLmLossSum(model, batch).item<double>();
+    result.tokens += batch.target_tokens;
+  }
+  model.set_training(was_training);
+  result.loss = result.tokens > 0 ? sum / static_cast<double>(result.tokens) : 0.0;
+  return result;
+}
+
+int64_t TotalSteps(const JobSpec::Training& training, int64_t examples) {
+  if (training.max_steps > 0) return training.max_steps;
+  const double per_step = static_cast<double>(training.micro_batch_size * training.gradient_accumulation_steps);
+  return std::max<int64_t>(1, static_cast<int64_t>(std::ceil(training.epochs * examples / per_step - 1e-9)));
+}
+
+Trainer::Trainer(const JobSpec& spec, LlamaModel& model, NamedTensors trainable, const TokenDataset& train,
+                 const TokenDataset* eval, Reporter& reporter)
+    : spec_(spec), model_(model), trainable_(std::move(trainable)), train_(train), eval_(eval), reporter_(reporter) {
+  const auto& t = spec_.training;
+  total_steps_ = TotalSteps(t, static_cast<int64_t>(train_.examples.size()));
+  std::vector<torch::Tensor> decay, no_decay;
+  for (const auto& [name, tensor] : trainable_) (DecaysWeight(name) ? decay : no_decay).push_back(tensor);
+  auto options = [&](double wd) {
+    return std::make_unique<torch::optim::AdamWOptions>(
+        torch::optim::AdamWOptions(t.learning_rate)
+            .betas(std::make_tuple(t.adam_beta1, t.adam_beta2))
+            .eps(t.adam_epsilon)
+            .weight_decay(wd));
+  };
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  if (!decay.empty()) groups.emplace_back(decay, options(t.weight_decay));
+  if (!no_decay.empty()) groups.emplace_back(no_decay, options(0.0));
+  optimizer_ = std::make_unique<torch::optim::AdamW>(std::move(groups), torch::optim::AdamWOptions(t.learning_rate));
+}
+
+nlohmann::json Trainer::JobFingerprint() const {
+  const auto& t = spec_.training;
+  nlohmann::json j = {
+      {"model.path", spec_.model.path}, {"data.train", spec_.data.train},
+      {"data.max_seq_len", spec_.data.max_seq_len}, {"data.shuffle", spec_.data.shuffle},
+      {"training.micro_batch_size", t.micro_batch_size},
+      {"training.gradient_accumulation_steps", t.gradient_accumulation_steps},
+      {"training.seed", t.seed}, {"total_steps", total_steps_}, {"trainable_tensors", trainable_.size()},
+  };
+  if (spec_.adapter) {
+    j["adapter.r"] = spec_.adapter->r;
+    j["adapter.target_modules"] = spec_.adapter->target_modules;
+  }
+  return j;
+}
+
+const TokenExample& Trainer::ExampleAt(int64_t cursor) {
+  const int64_t n = static_cast<int64_t>(train_.examples.size());
+  const int64_t epoch = cursor / n;
+  if (epoch != order_epoch_) {
+    order_.resize(n);
+    for (int64_t i = 0; i < n; ++i) order_[i] = i;
+    if (spec_.data.shuffle) {
+      uint64_t state = spec_.training.seed ^ (0xD1B54A32D192ED03ULL * static_cast<uint64_t>(epoch + 1));
+      for (int64_t i = n - 1; i > 0; --i) {
+        std::swap(order_[i], order_[SplitMix(state) % static_cast<uint64_t>(i + 1)]);
+      }
+    }
+    order_epoch_ = epoch;
+  }
+  return train_.examples[order_[cursor % n]];
+}
+
+Status Trainer::Checkpoint(const CheckpointState& state, RunResult& result) {
+  const std::string dir = (fs::path(spec_.output.dir) / "checkpoints").string();
+  TRAINERD_ASSIGN_OR_RETURN(std::string path, WriteCheckpoint(dir, state, trainable_, *optimizer_, model_.device(),
+                                                              spec_.training.checkpoint_keep));
+  reporter_.OnCheckpoint(CheckpointEvent{state.step, path});
+  return Status::Ok();
+}
+
+StatusOr<RunResult> Trainer::Run(const RunOptions& options) {
+  const auto& t = spec_.training;
+  RunResult result;
+  CheckpointState state;
+  state.job = JobFingerprint();
+  if (options.resume) {
+    if (auto latest = FindLatestCheckpoint((fs::path(spec_.output.dir) / "checkpoints").string())) {
+      TRAINERD_ASSIGN_OR_RETURN(CheckpointState saved, ReadCheckpoint(*latest, trainable_, *optimizer_, model_.device()));
+      for (const auto& [key, value] : state.job.items()) {
+        if (!saved.job.contains(key) || saved.job[key] != value) {
+          return Status::Error(*latest + " was written by a different job: " + key + " was " +
+                               (saved.job.contains(key) ? saved.job[key].dump() : "unset") + ", is " + value.dump() +
+                               "; resume with the original spec, or start afresh in another output.dir");
+        }
+      }
+      state = saved;
+      reporter_.OnMessage("resuming from " + *latest + " at step " + std::to_string(state.step));
+    }
+  }
+  const LrSchedule schedule = ParseLrSchedule(t.lr_scheduler);
+  const int64_t first_step = state.step;
+  const auto start = Clock::now();
+  auto window_start = start;
+  double window_loss = 0;
+  int64_t window_targets = 0, window_tokens = 0;
+  model_.set_training(true);
+
+  for (int64_t step = first_step; step < total_steps_; ++step) {
+    std::vector<Batch> micro;
+    int64_t targets = 0, tokens = 0;
+    for (int64_t a = 0; a < t.gradient_accumulation_steps; ++a) {
+      std::vector<const TokenExample*> chunk;
+      for (int64_t i = 0; i < t.micro_batch_size; ++i) chunk.push_back(&ExampleAt(state.cursor++));
+      micro.push_back(MakeBatch(chunk, model_.device()));
+      targets += micro.back().target_tokens;
+      tokens += micro.back().input_tokens;
+    }
+    optimizer_->zero_grad();
+    double loss_sum = 0;
+    for (const Batch& batch : micro) {
+      torch::Tensor loss = CausalLmLossSum(model_, batch);
+      (loss / static_cast<double>(targets)).backward();
+      loss_sum += loss.item<double>();
+    }
+    const double loss = loss_sum / static_cast<double>(targets);
+    if (!std::isfinite(loss)) {
+      return Status::Error("step " + std::to_string(step + 1) + ": the loss is " + (std::isnan(loss) ? "NaN" : "infinite") +
+                           "; training stopped and no adapter or model was written. Lower training.learning_rate, "
+                           "set training.max_grad_norm, or use model.dtype float32/bfloat16 instead of float16");
+    }
+    std::vector<torch::Tensor> params;
+    for (const auto& [_, p] : trainable_) params.push_back(p);
+    double grad_norm;
+    if (t.max_grad_norm > 0) {
+      grad_norm = torch::nn::utils::clip_grad_norm_(params, t.max_grad_norm);
+    } else {
+      torch::Tensor sq = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat32).device(model_.device()));
+      for (const auto& p : params) if (p.grad().defined()) sq = sq + p.grad().to(torch::kFloat32).pow(2).sum();
+      grad_norm = sq.sqrt().item<double>();
+    }
+    const double lr = t.learning_rate * LrMultiplier(schedule, step, t.warmup_steps, total_steps_);
+    for (auto& group : optimizer_->param_groups()) {
+      static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
+    }
+    optimizer_->step();
+    state.step = step + 1;
+    state.tokens_seen += tokens;
+    result.steps = state.step;
+    result.final_loss = loss;
+    window_loss += loss_sum;
+    window_targets += targets;
+    window_tokens += tokens;
+
+    const bool last = state.step == total_steps_;
+    const bool stopping = options.stop && options.stop->load();
+    if (state.step % t.log_every == 0 || last || stopping) {
+      ProgressEvent e;
+      e.step = state.step;
+      e.total_steps = total_steps_;
+      e.epoch = static_cast<double>(state.cursor) / static_cast<double>(train_.examples.size());
+      e.loss = window_loss / static_cast<double>(window_targets);
+      e.lr = lr;
+      e.grad_norm = grad_norm;
+      e.tokens = state.tokens_seen;
+      const double window_s = Seconds(window_start);
+      e.tokens_per_s = window_s > 0 ? window_tokens / window_s : 0;
+      e.elapsed_s = Seconds(start);
+      e.eta_s = e.elapsed_s / static_cast<double>(state.step - first_step) * static_cast<double>(total_steps_ - state.step);
+      reporter_.OnProgress(e);
+      window_start = Clock::now();
+      window_loss = 0;
+      window_targets = window_tokens = 0;
+    }
+    if (eval_ && ((t.eval_every > 0 && state.step % t.eval_every == 0) || last)) {
+      EvalResult r = Evaluate(model_, *eval_, t.micro_batch_size);
+      model_.set_training(true);
+      result.eval_loss = r.loss;
+      result.eval_tokens = r.tokens;
+      reporter_.OnEval(EvalEvent{state.step, r.loss, r.tokens});
+    }
+    const bool periodic = t.checkpoint_every > 0 && state.step % t.checkpoint_every == 0;
+    if ((periodic && !last) || (stopping && !last)) TRAINERD_RETURN_IF_ERROR(Checkpoint(state, result));
+    if (stopping && !last) {
+      result.stopped = true;
+      return result;
+    }
+  }
+  model_.set_training(false);
+  return result;
+}
+
+}  // namespace trainerd::engine

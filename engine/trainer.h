@@ -1,0 +1,71 @@
+// The training loop: micro-batches, gradient accumulation, AdamW with a
+// warmup schedule, clipping, periodic eval and checkpoints, exact resume.
+//
+// The data is one stream of examples: epoch e is the training set in the
+// order of a permutation seeded by (training.seed, e) (file order when
+// data.shuffle is false), and epochs follow each other without a break, so a
+// micro-batch may hold the end of one epoch and the start of the next. An
+// optimizer step takes micro_batch_size * gradient_accumulation_steps
+// consecutive examples; its loss is the sum of their token losses divided by
+// their target-token count, and that is what is differentiated.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "common/job_spec.h"
+#include "engine/checkpoint.h"
+#include "engine/engine.h"
+#include "engine/llama_model.h"
+#include "engine/token_dataset.h"
+
+namespace trainerd::engine {
+
+struct EvalResult {
+  double loss = 0;     // mean over target tokens
+  int64_t tokens = 0;  // target tokens
+};
+
+// Mean token loss of a data set, batched by `batch_size` in file order, with
+// the model in eval mode (no dropout) and no gradients.
+EvalResult Evaluate(LlamaModel& model, const TokenDataset& data, int64_t batch_size);
+
+// Optimizer steps the job runs: training.max_steps when set, else
+// ceil(epochs * examples / examples_per_step).
+int64_t TotalSteps(const JobSpec::Training& training, int64_t examples);
+
+class Trainer {
+ public:
+  // `trainable` are the tensors to optimise (requires_grad set), under the
+  // names checkpoints store. `eval` may be null. All references must outlive Run.
+  Trainer(const JobSpec& spec, LlamaModel& model, NamedTensors trainable, const TokenDataset& train,
+          const TokenDataset* eval, Reporter& reporter);
+
+  // Runs the remaining steps (after restoring the newest checkpoint when
+  // options.resume). Writes checkpoints; the caller exports the result.
+  StatusOr<RunResult> Run(const RunOptions& options);
+
+  int64_t total_steps() const { return total_steps_; }
+  // The settings recorded in checkpoints, which a resume must match.
+  nlohmann::json JobFingerprint() const;
+
+ private:
+  const TokenExample& ExampleAt(int64_t cursor);
+  Status Checkpoint(const CheckpointState& state, RunResult& result);
+
+  const JobSpec& spec_;
+  LlamaModel& model_;
+  NamedTensors trainable_;
+  const TokenDataset& train_;
+  const TokenDataset* eval_;
+  Reporter& reporter_;
+  std::unique_ptr<torch::optim::AdamW> optimizer_;
+  int64_t total_steps_ = 0;
+  int64_t order_epoch_ = -1;
+  std::vector<int64_t> order_;  // permutation of the current epoch
+};
+
+}  // namespace trainerd::engine
