@@ -16,6 +16,11 @@ namespace fs = std::filesystem;
 
 namespace {
 std::string Errno() { return std::strerror(errno); }
+
+// The folder holding `p`: "." for a bare file name.
+std::string ParentOf(const fs::path& p) {
+  return p.has_parent_path() ? p.parent_path().string() : std::string(".");
+}
 }  // namespace
 
 Status FsyncPath(const std::string& path) {
@@ -30,7 +35,7 @@ Status FsyncPath(const std::string& path) {
 
 Status WriteFileAtomically(const std::string& path, const std::string& contents) {
   fs::path target(path);
-  std::string tmpl = (target.parent_path() / ("." + target.filename().string() + ".tmp-XXXXXX")).string();
+  std::string tmpl = (fs::path(ParentOf(target)) / ("." + target.filename().string() + ".tmp-XXXXXX")).string();
   std::vector<char> name(tmpl.begin(), tmpl.end());
   name.push_back('\0');
   int fd = ::mkstemp(name.data());
@@ -58,7 +63,7 @@ Status WriteFileAtomically(const std::string& path, const std::string& contents)
     ::unlink(tmp.c_str());
     return Status::Error("renaming into place " + path + ": " + err);
   }
-  return FsyncPath(target.parent_path().string());
+  return FsyncPath(ParentOf(target));
 }
 
 StatusOr<std::string> MakeStagingDirectory(const std::string& parent, const std::string& stem) {
@@ -95,7 +100,7 @@ Status CommitDirectory(const std::string& staging, const std::string& final_path
     if (!old.empty()) ::rename(old.c_str(), final_path.c_str());
     return Status::Error("renaming " + staging + " to " + final_path + ": " + err);
   }
-  TRAINERD_RETURN_IF_ERROR(FsyncPath(final_p.parent_path().string()));
+  TRAINERD_RETURN_IF_ERROR(FsyncPath(ParentOf(final_p)));
   if (!old.empty()) fs::remove_all(old, ec);
   return Status::Ok();
 }

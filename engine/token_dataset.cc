@@ -23,6 +23,10 @@ Status ReadIds(const nlohmann::json& value, const std::string& where, const char
     if (!v.is_number_integer()) {
       return Status::Error(where + ": " + field + "[" + std::to_string(i) + "] is not an integer");
     }
+    if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
+      return Status::Error(where + ": " + field + "[" + std::to_string(i) + "] = " + v.dump() +
+                           " is outside the model's vocabulary [0, " + std::to_string(vocab_size) + ")");
+    }
     const int64_t id = v.get<int64_t>();
     if ((id < 0 || id >= vocab_size) && !(allow_ignore && id == kIgnoreIndex)) {
       return Status::Error(where + ": " + field + "[" + std::to_string(i) + "] = " + std::to_string(id) +

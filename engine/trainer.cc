@@ -127,8 +127,15 @@ StatusOr<RunResult> Trainer::Run(const RunOptions& options) {
   RunResult result;
   CheckpointState state;
   state.job = JobFingerprint();
-  if (options.resume) {
-    if (auto latest = FindLatestCheckpoint((fs::path(spec_.output.dir) / "checkpoints").string())) {
+  const std::string checkpoints_dir = (fs::path(spec_.output.dir) / "checkpoints").string();
+  if (!options.resume) {
+    // A fresh run replaces an earlier run's outputs: its checkpoints must not
+    // outrank (and prune) this run's, nor be resumed from later.
+    std::error_code ec;
+    fs::remove_all(checkpoints_dir, ec);
+    if (ec) return Status::Error("removing the earlier run's " + checkpoints_dir + ": " + ec.message());
+  } else {
+    if (auto latest = FindLatestCheckpoint(checkpoints_dir)) {
       TRAINERD_ASSIGN_OR_RETURN(CheckpointState saved, ReadCheckpoint(*latest, trainable_, *optimizer_, model_.device()));
       for (const auto& [key, value] : state.job.items()) {
         if (!saved.job.contains(key) || saved.job[key] != value) {
@@ -196,7 +203,7 @@ StatusOr<RunResult> Trainer::Run(const RunOptions& options) {
     window_tokens += tokens;
 
     const bool last = state.step == total_steps_;
-    const bool stopping = options.stop && options.stop->load();
+    bool stopping = options.stop && options.stop->load();
     if (state.step % t.log_every == 0 || last || stopping) {
       ProgressEvent e;
       e.step = state.step;
@@ -222,6 +229,8 @@ StatusOr<RunResult> Trainer::Run(const RunOptions& options) {
       result.eval_tokens = r.tokens;
       reporter_.OnEval(EvalEvent{state.step, r.loss, r.tokens});
     }
+    // A stop raised while this step was being reported also ends the run here.
+    stopping = stopping || (options.stop && options.stop->load());
     const bool periodic = t.checkpoint_every > 0 && state.step % t.checkpoint_every == 0;
     if ((periodic && !last) || (stopping && !last)) TRAINERD_RETURN_IF_ERROR(Checkpoint(state, result));
     if (stopping && !last) {

@@ -39,8 +39,10 @@ std::string FormatProgress(const engine::ProgressEvent& e) {
 }
 
 void ConsoleReporter::OnStart(const engine::RunInfo& info) {
-  metrics_status_ = metrics_.Open(output_dir_, info.resumed_from_step);
-  if (!metrics_status_.ok()) std::fprintf(stderr, "warning: %s\n", metrics_status_.message().c_str());
+  if (info.total_steps > 0) {  // training; an eval job writes metrics.json only
+    metrics_status_ = metrics_.Open(output_dir_, info.resumed_from_step);
+    if (!metrics_status_.ok()) std::fprintf(stderr, "warning: %s\n", metrics_status_.message().c_str());
+  }
   std::fprintf(stderr, "%s model, %s params (%s trainable) on %s in %s\n", info.model_type.c_str(),
                FormatCount(static_cast<double>(info.total_params)).c_str(),
                FormatCount(static_cast<double>(info.trainable_params)).c_str(), info.device.c_str(),

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Run on the GPU machine (see ../shared/gpu/README.md): builds against the LibTorch of the
+# machine's PyTorch with CUDA, runs the whole suite on the CPU, the parity suite on CUDA in
+# float32 and bfloat16, checks that PEFT loads an adapter trainerd wrote, and runs the demo
+# on the GPU. Logs go to $OUT (or /tmp/gpu-check).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-/tmp/gpu-check}
+mkdir -p "$out"
+R=$PWD/.devroot
+if [ -d "$R" ]; then
+  export PKG_CONFIG_PATH=$R/usr/lib/x86_64-linux-gnu/pkgconfig:$R/usr/share/pkgconfig PKG_CONFIG_SYSROOT_DIR=$R
+  export LD_LIBRARY_PATH=$R/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+fi
+b=/tmp/b
+{
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  python3 -c 'import torch,transformers,peft;print("torch",torch.__version__,"transformers",transformers.__version__,"peft",peft.__version__)'
+} 2>&1 | tee "$out/versions.txt"
+cmake -S . -B $b -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
+  -DCMAKE_PREFIX_PATH="$(python3 -c 'import torch;print(torch.utils.cmake_prefix_path)');$R/usr" \
+  > "$out/build.log" 2>&1 && cmake --build $b -j16 -- -k 0 >> "$out/build.log" 2>&1
+rc=$?; echo "build rc $rc"; grep -E 'error|FAILED' "$out/build.log" | head -20; tail -3 "$out/build.log"
+echo "== ctest (CPU)"; ctest --test-dir $b -j8 --output-on-failure > "$out/ctest.log" 2>&1; echo "ctest rc $?"; tail -5 "$out/ctest.log"
+for dtype in float32 bfloat16; do
+  echo "== parity on cuda, $dtype"
+  TRAINERD_TEST_DEVICE=cuda TRAINERD_TEST_DTYPE=$dtype TRAINERD_PEFT_CHECK_DIR=/tmp/peft-$dtype \
+    $b/tests/engine/parity_test 2>&1 | tee "$out/parity-cuda-$dtype.log" | grep -E 'figure|FAILED|PASSED'
+done
+echo "== PEFT loads the adapter trainerd wrote (trained on CUDA float32, checked on CPU)"
+python3 tools/check_peft_load.py tests/fixtures/llama/model /tmp/peft-float32 2>&1 | tail -1 | tee "$out/peft-load.txt"
+echo "== demo on the GPU"; $b/worker/trainerd-worker run etc/examples/tiny-lora.yaml > "$out/demo.log" 2>&1; echo "demo rc $?"; tail -3 "$out/demo.log"

@@ -1,0 +1,618 @@
+// Drives the real trainerd-worker binary on the tiny Llama fixture, on the
+// CPU: exit statuses, what it prints, and what it leaves in output.dir. Also
+// unit tests of the progress-line formatting it uses.
+#include <fcntl.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "worker/console_reporter.h"
+
+namespace trainerd::worker {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+const std::string kWorker = std::string(TRAINERD_BINARY_DIR) + "/worker/trainerd-worker";
+const std::string kModel = std::string(TRAINERD_FIXTURES) + "/llama/model";
+const std::string kTrain = std::string(TRAINERD_FIXTURES) + "/llama/lora_train/train.jsonl";
+const std::string kEval = std::string(TRAINERD_FIXTURES) + "/llama/eval.jsonl";
+const std::string kReference = std::string(TRAINERD_FIXTURES) + "/llama/reference.json";
+
+constexpr int kExitFailed = 1;
+constexpr int kExitUsage = 2;
+constexpr int kExitStopped = 75;
+
+// Longest a single worker run may take before the test kills it.
+constexpr auto kRunTimeout = std::chrono::seconds(60);
+
+// A fresh folder under the system temp dir, removed with everything in it.
+class TempDir {
+ public:
+  TempDir() {
+    std::string pattern = (fs::temp_directory_path() / "worker_cli_test.XXXXXX").string();
+    path_ = ::mkdtemp(pattern.data()) ? pattern : "";
+  }
+  ~TempDir() {
+    std::error_code ec;
+    if (!path_.empty()) fs::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+void WriteText(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary);
+  out << text;
+}
+
+std::vector<std::string> Lines(const std::string& text) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+// Entries anywhere under `dir` whose names start with '.': leftovers of an
+// unfinished durable write.
+std::vector<std::string> HiddenEntries(const std::string& dir) {
+  std::vector<std::string> hidden;
+  std::error_code ec;
+  if (!fs::exists(dir, ec)) return hidden;
+  for (const auto& e : fs::recursive_directory_iterator(dir, ec)) {
+    if (e.path().filename().string().rfind('.', 0) == 0) hidden.push_back(e.path().string());
+  }
+  return hidden;
+}
+
+// A running trainerd-worker whose stdout and stderr go to files (no pipes, so
+// a chatty child can never block on a full pipe).
+class WorkerProcess {
+ public:
+  // Starts the worker with `args`; logs land in `log_dir`.
+  WorkerProcess(const std::vector<std::string>& args, const std::string& log_dir) {
+    static int counter = 0;
+    const std::string stem = log_dir + "/worker-" + std::to_string(++counter);
+    out_path_ = stem + ".stdout";
+    err_path_ = stem + ".stderr";
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      int out = ::open(out_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      int err = ::open(err_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      if (out < 0 || err < 0) ::_exit(126);
+      ::dup2(out, STDOUT_FILENO);
+      ::dup2(err, STDERR_FILENO);
+      // ctest -j runs these next to each other (and next to the torch tests) on
+      // small machines, where LibTorch's spinning OpenMP threads slow a
+      // contended run tenfold; one thread is as fast as two on the tiny fixture.
+      ::setenv("OMP_NUM_THREADS", "1", /*overwrite=*/0);
+      std::vector<char*> argv;
+      argv.push_back(const_cast<char*>(kWorker.c_str()));
+      for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+      argv.push_back(nullptr);
+      ::execv(kWorker.c_str(), argv.data());
+      ::_exit(127);
+    }
+  }
+  ~WorkerProcess() {
+    if (pid_ > 0 && !exited_) {
+      ::kill(pid_, SIGKILL);
+      int status;
+      ::waitpid(pid_, &status, 0);
+    }
+  }
+  WorkerProcess(const WorkerProcess&) = delete;
+  WorkerProcess& operator=(const WorkerProcess&) = delete;
+
+  bool started() const { return pid_ > 0; }
+  bool Signal(int sig) const { return ::kill(pid_, sig) == 0; }
+  // True while the child has not exited (reaps it once it has).
+  bool Running() {
+    if (exited_) return false;
+    int status;
+    if (::waitpid(pid_, &status, WNOHANG) == pid_) Record(status);
+    return !exited_;
+  }
+  // Waits for the exit (killing the child after kRunTimeout); returns the exit
+  // status, or -1 if it did not exit normally.
+  int Wait() {
+    const auto deadline = std::chrono::steady_clock::now() + kRunTimeout;
+    while (Running()) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        ADD_FAILURE() << "trainerd-worker ran longer than " << kRunTimeout.count() << " s; killed";
+        ::kill(pid_, SIGKILL);
+        int status;
+        ::waitpid(pid_, &status, 0);
+        Record(status);
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return exit_code_;
+  }
+  std::string out() const { return ReadAll(out_path_); }
+  std::string err() const { return ReadAll(err_path_); }
+
+ private:
+  void Record(int status) {
+    exited_ = true;
+    exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+
+  pid_t pid_ = -1;
+  bool exited_ = false;
+  int exit_code_ = -1;
+  std::string out_path_, err_path_;
+};
+
+struct Outcome {
+  int exit_code;
+  std::string out, err;
+};
+
+class WorkerCliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_FALSE(dir_.path().empty()) << "mkdtemp failed";
+    ASSERT_TRUE(fs::exists(kWorker)) << kWorker << " is not built";
+  }
+
+  std::string PathOf(const std::string& name) const { return dir_.path() + "/" + name; }
+
+  Outcome Run(const std::vector<std::string>& args) {
+    WorkerProcess p(args, dir_.path());
+    EXPECT_TRUE(p.started()) << "fork failed";
+    const int code = p.Wait();
+    return {code, p.out(), p.err()};
+  }
+
+  // Writes a job file and returns its path.
+  std::string WriteJob(const std::string& name, const std::string& yaml) {
+    const std::string path = PathOf(name);
+    WriteText(path, yaml);
+    return path;
+  }
+
+  // A LoRA finetune of the fixture on the CPU writing to `out_dir`;
+  // `training` is the body of the training: section (indented two spaces).
+  std::string LoraJobYaml(const std::string& out_dir, const std::string& training, bool with_eval) const {
+    std::string yaml = "model:\n  path: " + kModel +
+                       "\n"
+                       "adapter:\n  r: 4\n"
+                       "data:\n  train: " +
+                       kTrain + "\n";
+    if (with_eval) yaml += "  eval: " + kEval + "\n";
+    yaml += "training:\n" + training + "output:\n  dir: " + out_dir + "\ndevice: cpu\n";
+    return yaml;
+  }
+
+  TempDir dir_;
+};
+
+// Every line of metrics.jsonl, parsed.
+std::vector<json> ReadMetrics(const std::string& out_dir) {
+  std::vector<json> rows;
+  for (const std::string& line : Lines(ReadAll(out_dir + "/metrics.jsonl"))) {
+    json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    EXPECT_TRUE(j.is_object()) << "metrics.jsonl line is not a JSON object: " << line;
+    if (j.is_object()) rows.push_back(j);
+  }
+  return rows;
+}
+
+bool IsStepLine(const json& j) { return j.contains("loss"); }
+bool IsEvalLine(const json& j) { return j.contains("eval_loss"); }
+
+// ---------------------------------------------------------------------------
+// Command line
+
+TEST_F(WorkerCliTest, NoArgumentsPrintsUsageAndExits2) {
+  Outcome r = Run({});
+  EXPECT_EQ(r.exit_code, kExitUsage);
+  EXPECT_NE(r.err.find("usage: trainerd-worker run JOB.yaml"), std::string::npos) << r.err;
+}
+
+TEST_F(WorkerCliTest, HelpPrintsUsageOnStdoutAndExits0) {
+  Outcome r = Run({"--help"});
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_NE(r.out.find("usage: trainerd-worker run JOB.yaml"), std::string::npos) << r.out;
+  EXPECT_EQ(r.err, "");
+}
+
+TEST_F(WorkerCliTest, UnknownCommandExits2) {
+  Outcome r = Run({"train", "job.yaml"});
+  EXPECT_EQ(r.exit_code, kExitUsage);
+  EXPECT_NE(r.err.find("unknown command 'train'"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("usage:"), std::string::npos) << r.err;
+}
+
+TEST_F(WorkerCliTest, RunWithoutJobFileExits2) {
+  Outcome r = Run({"run"});
+  EXPECT_EQ(r.exit_code, kExitUsage);
+  EXPECT_NE(r.err.find("run needs a job file"), std::string::npos) << r.err;
+}
+
+TEST_F(WorkerCliTest, RunWithUnknownOptionExits2) {
+  Outcome r = Run({"run", PathOf("job.yaml"), "--resum"});
+  EXPECT_EQ(r.exit_code, kExitUsage);
+  EXPECT_NE(r.err.find("unknown option '--resum'"), std::string::npos) << r.err;
+}
+
+TEST_F(WorkerCliTest, RunWithTwoJobFilesExits2) {
+  Outcome r = Run({"run", PathOf("a.yaml"), PathOf("b.yaml")});
+  EXPECT_EQ(r.exit_code, kExitUsage);
+  EXPECT_NE(r.err.find("one job file"), std::string::npos) << r.err;
+}
+
+TEST_F(WorkerCliTest, MissingJobFileExits1) {
+  const std::string job = PathOf("no-such-job.yaml");
+  Outcome r = Run({"run", job});
+  EXPECT_EQ(r.exit_code, kExitFailed);
+  EXPECT_EQ(r.err.rfind("error:", 0), 0u) << r.err;
+  EXPECT_NE(r.err.find(job), std::string::npos) << r.err;
+}
+
+// ---------------------------------------------------------------------------
+// Jobs that succeed
+
+TEST_F(WorkerCliTest, LoraJobTrainsAndWritesMetricsAndAdapter) {
+  const std::string out = PathOf("run");
+  const std::string job = WriteJob("job.yaml", LoraJobYaml(out,
+                                                           "  max_steps: 6\n"
+                                                           "  micro_batch_size: 2\n"
+                                                           "  log_every: 1\n"
+                                                           "  checkpoint_every: 2\n",
+                                                           /*with_eval=*/true));
+  Outcome r = Run({"run", job});
+  ASSERT_EQ(r.exit_code, 0) << "stdout:\n" << r.out << "\nstderr:\n" << r.err;
+
+  // One progress line per step on stdout.
+  const std::regex progress(R"(^step (\d+)/6 \| loss \d+\.\d+ \| lr .* tok/s .*ETA .*$)");
+  std::vector<int> printed_steps;
+  for (const std::string& line : Lines(r.out)) {
+    std::smatch m;
+    if (std::regex_match(line, m, progress)) printed_steps.push_back(std::stoi(m[1]));
+  }
+  EXPECT_EQ(printed_steps, (std::vector<int>{1, 2, 3, 4, 5, 6})) << r.out;
+  EXPECT_NE(r.out.find("eval at step 6 | eval_loss"), std::string::npos) << r.out;
+
+  // metrics.jsonl: 6 step lines with every documented key, then an eval line.
+  std::vector<json> rows = ReadMetrics(out);
+  std::vector<int64_t> steps;
+  int eval_lines = 0;
+  for (const json& j : rows) {
+    if (IsStepLine(j)) {
+      for (const char* key : {"step", "loss", "lr", "grad_norm", "tokens", "tokens_per_s"}) {
+        EXPECT_TRUE(j.contains(key)) << "missing " << key << " in " << j.dump();
+      }
+      EXPECT_TRUE(j["loss"].is_number() && std::isfinite(j["loss"].get<double>())) << j.dump();
+      EXPECT_GT(j["lr"].get<double>(), 0.0) << j.dump();
+      EXPECT_GT(j["tokens"].get<int64_t>(), 0) << j.dump();
+      steps.push_back(j["step"].get<int64_t>());
+    } else if (IsEvalLine(j)) {
+      ++eval_lines;
+      EXPECT_EQ(j.value("step", int64_t{-1}), 6) << j.dump();
+      EXPECT_GT(j.value("eval_tokens", int64_t{0}), 0) << j.dump();
+    } else {
+      ADD_FAILURE() << "unexpected metrics line: " << j.dump();
+    }
+  }
+  EXPECT_EQ(steps, (std::vector<int64_t>{1, 2, 3, 4, 5, 6}));
+  EXPECT_EQ(eval_lines, 1);
+
+  // The adapter, in PEFT layout.
+  EXPECT_TRUE(fs::is_regular_file(out + "/adapter/adapter_config.json"));
+  EXPECT_TRUE(fs::is_regular_file(out + "/adapter/adapter_model.safetensors"));
+  json config = json::parse(ReadAll(out + "/adapter/adapter_config.json"), nullptr, false);
+  EXPECT_EQ(config.value("r", 0), 4) << config.dump();
+
+  // Periodic checkpoints (not at the last step), complete, and nothing half-written anywhere.
+  EXPECT_TRUE(fs::exists(out + "/checkpoints/checkpoint-4/COMPLETE"));
+  EXPECT_FALSE(fs::exists(out + "/checkpoints/checkpoint-6"));
+  EXPECT_EQ(HiddenEntries(out), std::vector<std::string>{});
+  EXPECT_EQ(HiddenEntries(out + "/checkpoints"), std::vector<std::string>{});
+}
+
+TEST_F(WorkerCliTest, EvalJobWritesMetricsJson) {
+  const std::string out = PathOf("eval");
+  const std::string job = WriteJob("eval.yaml", "task: eval\n"
+                                                "model:\n  path: " + kModel + "\n"
+                                                "data:\n  eval: " + kEval + "\n"
+                                                "output:\n  dir: " + out + "\n"
+                                                "device: cpu\n");
+  Outcome r = Run({"run", job});
+  ASSERT_EQ(r.exit_code, 0) << "stdout:\n" << r.out << "\nstderr:\n" << r.err;
+  EXPECT_NE(r.out.find("eval_loss"), std::string::npos) << r.out;
+
+  json metrics = json::parse(ReadAll(out + "/metrics.json"), nullptr, /*allow_exceptions=*/false);
+  ASSERT_TRUE(metrics.is_object()) << ReadAll(out + "/metrics.json");
+  ASSERT_TRUE(metrics.contains("eval_loss") && metrics.contains("eval_tokens") && metrics.contains("perplexity"))
+      << metrics.dump();
+  const double loss = metrics["eval_loss"].get<double>();
+  EXPECT_NEAR(metrics["perplexity"].get<double>(), std::exp(loss), 1e-9 * std::exp(loss));
+
+  // Against transformers on the same model and data (CPU, float32).
+  json reference = json::parse(ReadAll(kReference), nullptr, false);
+  ASSERT_TRUE(reference.is_object()) << kReference;
+  EXPECT_EQ(metrics["eval_tokens"].get<int64_t>(), reference["eval_tokens"].get<int64_t>());
+  EXPECT_NEAR(loss, reference["eval_loss"].get<double>(), 1e-4 * reference["eval_loss"].get<double>());
+  EXPECT_EQ(HiddenEntries(out), std::vector<std::string>{});
+}
+
+// ---------------------------------------------------------------------------
+// Jobs that fail
+
+TEST_F(WorkerCliTest, UnknownKeyIsOneErrorLineNamingFileLineAndKey) {
+  const std::string out = PathOf("run");
+  const std::string job = WriteJob("job.yaml", "model:\n"                   // 1
+                                               "  path: " + kModel + "\n"  // 2
+                                               "training:\n"                // 3
+                                               "  learnig_rate: 1e-4\n"     // 4
+                                               "data:\n"                    // 5
+                                               "  train: " + kTrain + "\n"  // 6
+                                               "output:\n"                  // 7
+                                               "  dir: " + out + "\n"       // 8
+                                               "device: cpu\n");
+  Outcome r = Run({"run", job});
+  EXPECT_EQ(r.exit_code, kExitFailed);
+  EXPECT_EQ(Lines(r.err).size(), 1u) << r.err;
+  EXPECT_EQ(r.err.rfind("error:", 0), 0u) << r.err;
+  EXPECT_NE(r.err.find(job + ":4"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("learnig_rate"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(out));
+}
+
+TEST_F(WorkerCliTest, EmptyModelFolderFailsNamingTheFolder) {
+  const std::string model = PathOf("empty-model");
+  fs::create_directories(model);
+  const std::string out = PathOf("run");
+  const std::string job = WriteJob("job.yaml", "model:\n  path: " + model + "\n"
+                                               "adapter:\n  r: 4\n"
+                                               "data:\n  train: " + kTrain + "\n"
+                                               "training:\n  max_steps: 2\n"
+                                               "output:\n  dir: " + out + "\n"
+                                               "device: cpu\n");
+  Outcome r = Run({"run", job});
+  EXPECT_EQ(r.exit_code, kExitFailed);
+  EXPECT_EQ(Lines(r.err).size(), 1u) << r.err;
+  EXPECT_EQ(r.err.rfind("error:", 0), 0u) << r.err;
+  EXPECT_NE(r.err.find(model), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("config.json"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(out + "/adapter"));
+}
+
+TEST_F(WorkerCliTest, OutOfVocabularyDataFailsNamingFileAndLine) {
+  const std::string data = PathOf("bad.jsonl");
+  WriteText(data, "{\"input_ids\": [1, 2, 3]}\n{\"input_ids\": [1, 256]}\n");
+  const std::string out = PathOf("run");
+  const std::string job = WriteJob("job.yaml", "model:\n  path: " + kModel + "\n"
+                                               "adapter:\n  r: 4\n"
+                                               "data:\n  train: " + data + "\n"
+                                               "training:\n  max_steps: 2\n"
+                                               "output:\n  dir: " + out + "\n"
+                                               "device: cpu\n");
+  Outcome r = Run({"run", job});
+  EXPECT_EQ(r.exit_code, kExitFailed);
+  EXPECT_EQ(r.err.rfind("error:", 0), 0u) << r.err;
+  EXPECT_NE(r.err.find(data + ":2"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(out + "/adapter"));
+}
+
+// ---------------------------------------------------------------------------
+// Stop and resume
+
+TEST_F(WorkerCliTest, SigtermCheckpointsAndResumeFinishesEveryStepOnce) {
+  constexpr int kSteps = 400;
+  const std::string out = PathOf("run");
+  // A step takes a few ms on the CPU: the signal lands a few steps after the
+  // second line, far from the last.
+  const std::string job = WriteJob("job.yaml", LoraJobYaml(out,
+                                                           "  max_steps: 400\n"
+                                                           "  micro_batch_size: 2\n"
+                                                           "  checkpoint_every: 0\n"
+                                                           "  log_every: 1\n",
+                                                           /*with_eval=*/false));
+  const std::string metrics = out + "/metrics.jsonl";
+  int stopped_code;
+  {
+    WorkerProcess p({"run", job}, dir_.path());
+    ASSERT_TRUE(p.started());
+    const auto deadline = std::chrono::steady_clock::now() + kRunTimeout;
+    while (p.Running() && std::chrono::steady_clock::now() < deadline &&
+           Lines(ReadAll(metrics)).size() < 2) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    ASSERT_TRUE(p.Running()) << "the worker ended before it could be stopped; stderr:\n" << p.err();
+    ASSERT_TRUE(p.Signal(SIGTERM));
+    stopped_code = p.Wait();
+    ASSERT_EQ(stopped_code, kExitStopped) << "stdout:\n" << p.out() << "\nstderr:\n" << p.err();
+    EXPECT_NE(p.err().find("resume with --resume"), std::string::npos) << p.err();
+  }
+
+  // One complete checkpoint at the step it stopped after, and no adapter yet.
+  std::vector<std::string> checkpoints;
+  for (const auto& e : fs::directory_iterator(out + "/checkpoints")) checkpoints.push_back(e.path().filename());
+  ASSERT_EQ(checkpoints.size(), 1u);
+  ASSERT_EQ(checkpoints[0].rfind("checkpoint-", 0), 0u) << checkpoints[0];
+  const int stopped_at = std::stoi(checkpoints[0].substr(11));
+  EXPECT_GE(stopped_at, 2);
+  EXPECT_LT(stopped_at, kSteps);
+  EXPECT_TRUE(fs::exists(out + "/checkpoints/" + checkpoints[0] + "/COMPLETE"));
+  EXPECT_FALSE(fs::exists(out + "/adapter"));
+  EXPECT_EQ(HiddenEntries(out), std::vector<std::string>{});
+  // metrics.jsonl ends at the checkpoint's step.
+  std::vector<json> before = ReadMetrics(out);
+  ASSERT_FALSE(before.empty());
+  EXPECT_EQ(before.back().value("step", int64_t{-1}), stopped_at);
+
+  Outcome resumed = Run({"run", job, "--resume"});
+  ASSERT_EQ(resumed.exit_code, 0) << "stdout:\n" << resumed.out << "\nstderr:\n" << resumed.err;
+  EXPECT_NE(resumed.err.find("resuming"), std::string::npos) << resumed.err;
+  EXPECT_TRUE(fs::is_regular_file(out + "/adapter/adapter_config.json"));
+  EXPECT_TRUE(fs::is_regular_file(out + "/adapter/adapter_model.safetensors"));
+  EXPECT_EQ(HiddenEntries(out), std::vector<std::string>{});
+
+  // Every step logged exactly once, in order, across both runs.
+  std::vector<int64_t> steps;
+  for (const json& j : ReadMetrics(out)) {
+    if (IsStepLine(j)) steps.push_back(j["step"].get<int64_t>());
+  }
+  std::vector<int64_t> expected(kSteps);
+  for (int i = 0; i < kSteps; ++i) expected[i] = i + 1;
+  EXPECT_EQ(steps, expected);
+  // The resumed run continues the token count rather than restarting it.
+  std::vector<json> after = ReadMetrics(out);
+  ASSERT_GT(after.size(), static_cast<size_t>(stopped_at));
+  EXPECT_GT(after[stopped_at]["tokens"].get<int64_t>(), after[stopped_at - 1]["tokens"].get<int64_t>());
+}
+
+TEST_F(WorkerCliTest, ResumeWithoutCheckpointStartsAfresh) {
+  const std::string out = PathOf("run");
+  const std::string job = WriteJob("job.yaml", LoraJobYaml(out, "  max_steps: 3\n  log_every: 1\n", false));
+  Outcome r = Run({"run", job, "--resume"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::vector<int64_t> steps;
+  for (const json& j : ReadMetrics(out)) steps.push_back(j.value("step", int64_t{-1}));
+  EXPECT_EQ(steps, (std::vector<int64_t>{1, 2, 3}));
+  EXPECT_TRUE(fs::is_regular_file(out + "/adapter/adapter_model.safetensors"));
+}
+
+// Known bug (engine/checkpoint.cc prune + engine/trainer.cc Run): a fresh run
+// (no --resume) in an output.dir that holds checkpoints of a higher step from
+// an earlier run prunes its own new checkpoint at once, although it reports it
+// written, and a later --resume continues from the earlier run's checkpoint.
+// Enable once fixed.
+TEST_F(WorkerCliTest, FreshRunStoppedEarlyResumesFromItsOwnCheckpoint) {
+  const std::string out = PathOf("run");
+  const std::string job = WriteJob("job.yaml", LoraJobYaml(out,
+                                                           "  max_steps: 300\n"
+                                                           "  micro_batch_size: 2\n"
+                                                           "  checkpoint_every: 100\n"
+                                                           "  log_every: 1\n",
+                                                           /*with_eval=*/false));
+  // An earlier, finished run leaves checkpoint-100 and checkpoint-200 behind.
+  Outcome first = Run({"run", job});
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  ASSERT_TRUE(fs::exists(out + "/checkpoints/checkpoint-200/COMPLETE"));
+
+  // A fresh run of the same job, stopped after a few steps.
+  int stopped_at = 0;
+  {
+    WorkerProcess p({"run", job}, dir_.path());
+    ASSERT_TRUE(p.started());
+    const auto deadline = std::chrono::steady_clock::now() + kRunTimeout;
+    while (p.Running() && std::chrono::steady_clock::now() < deadline &&
+           p.out().find("step 2/300") == std::string::npos) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    ASSERT_TRUE(p.Running()) << "the worker ended before it could be stopped; stderr:\n" << p.err();
+    ASSERT_TRUE(p.Signal(SIGTERM));
+    ASSERT_EQ(p.Wait(), kExitStopped) << p.err();
+    std::smatch m;
+    const std::string err = p.err();
+    ASSERT_TRUE(std::regex_search(err, m, std::regex(R"(stopped after step (\d+))"))) << err;
+    stopped_at = std::stoi(m[1]);
+  }
+  ASSERT_LT(stopped_at, 100);
+  EXPECT_TRUE(fs::exists(out + "/checkpoints/checkpoint-" + std::to_string(stopped_at) + "/COMPLETE"))
+      << "the checkpoint the stopped run reported is gone";
+
+  Outcome resumed = Run({"run", job, "--resume"});
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+  EXPECT_NE(resumed.err.find("at step " + std::to_string(stopped_at)), std::string::npos) << resumed.err;
+  std::vector<int64_t> steps;
+  for (const json& j : ReadMetrics(out)) steps.push_back(j.value("step", int64_t{-1}));
+  std::vector<int64_t> expected(300);
+  for (int i = 0; i < 300; ++i) expected[i] = i + 1;
+  EXPECT_EQ(steps, expected);
+}
+
+// Known bug (worker/console_reporter.cc OnStart opens metrics.jsonl for every
+// task): an eval job truncates output.dir/metrics.jsonl, losing the training
+// history of a finetune run written to the same folder. Enable once fixed.
+TEST_F(WorkerCliTest, EvalJobLeavesMetricsJsonlAlone) {
+  const std::string out = PathOf("run");
+  fs::create_directories(out);
+  const std::string history = "{\"loss\":5.0,\"step\":1}\n{\"loss\":4.0,\"step\":2}\n";
+  WriteText(out + "/metrics.jsonl", history);
+  const std::string job = WriteJob("eval.yaml", "task: eval\n"
+                                                "model:\n  path: " + kModel + "\n"
+                                                "data:\n  eval: " + kEval + "\n"
+                                                "output:\n  dir: " + out + "\n"
+                                                "device: cpu\n");
+  Outcome r = Run({"run", job});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(fs::exists(out + "/metrics.json"));
+  EXPECT_EQ(ReadAll(out + "/metrics.jsonl"), history);
+}
+
+// ---------------------------------------------------------------------------
+// Formatting of the progress line
+
+TEST(FormatTest, Duration) {
+  EXPECT_EQ(FormatDuration(0), "0:00");
+  EXPECT_EQ(FormatDuration(5), "0:05");
+  EXPECT_EQ(FormatDuration(65), "1:05");
+  EXPECT_EQ(FormatDuration(3599), "59:59");
+  EXPECT_EQ(FormatDuration(3600), "1:00:00");
+  EXPECT_EQ(FormatDuration(3725), "1:02:05");
+}
+
+TEST(FormatTest, DurationThatIsNotKnown) {
+  EXPECT_EQ(FormatDuration(-1), "?");
+  EXPECT_EQ(FormatDuration(std::nan("")), "?");
+  EXPECT_EQ(FormatDuration(INFINITY), "?");
+}
+
+TEST(FormatTest, Count) {
+  EXPECT_EQ(FormatCount(0), "0");
+  EXPECT_EQ(FormatCount(812), "812");
+  EXPECT_EQ(FormatCount(8100), "8.1k");
+  EXPECT_EQ(FormatCount(1250000), "1.25M");
+}
+
+TEST(FormatTest, ProgressLine) {
+  engine::ProgressEvent e;
+  e.step = 3;
+  e.total_steps = 10;
+  e.loss = 2.34567;
+  e.lr = 1e-4;
+  e.grad_norm = 0.532;
+  e.tokens_per_s = 8100;
+  e.elapsed_s = 12;
+  e.eta_s = 90;
+  const std::string line = FormatProgress(e);
+  for (const char* part : {"step 3/10", "loss 2.3457", "lr 1.00e-04", "grad 0.532", "8.1k tok/s", "0:12 elapsed",
+                           "ETA 1:30"}) {
+    EXPECT_NE(line.find(part), std::string::npos) << "lacks \"" << part << "\": " << line;
+  }
+}
+
+}  // namespace
+}  // namespace trainerd::worker
