@@ -649,7 +649,23 @@ class SpecParser {
     if (spec_.output.dir.empty()) {
       return Missing("output.dir", "the folder the job writes its results to");
     }
+    if (spec_.task == "finetune" && spec_.training.eval_every > 0 && spec_.data.eval.empty()) {
+      return Conflict("training.eval_every", "asks for evaluations but data.eval is not set; add data.eval or remove "
+                      "training.eval_every");
+    }
+    if (spec_.output.merge && !spec_.adapter) {
+      return Conflict("output.merge", "merges an adapter into the model, but the job has no adapter (full "
+                      "fine-tuning writes output.dir/model already); remove output.merge");
+    }
     return Status::Ok();
+  }
+
+  // Two keys that cannot go together, reported at the first one's line.
+  Status Conflict(const std::string& key, const std::string& why) const {
+    const auto line = lines_.find(key);
+    const std::string where =
+        line == lines_.end() ? spec_.source + ": " : spec_.source + ":" + std::to_string(line->second) + ": ";
+    return Status::Error(where + key + ": " + why);
   }
 
   JobSpec spec_;

@@ -64,7 +64,7 @@ int Run(const std::string& spec_path, bool resume) {
     std::printf("eval_loss %.6f over %lld tokens; wrote %s\n", result->eval_loss,
                 static_cast<long long>(result->eval_tokens), result->output_path.c_str());
   } else {
-    std::printf("done: %lld steps, final loss %.4f; wrote %s\n", static_cast<long long>(result->steps),
+    std::printf("done: %lld steps, last step loss %.4f; wrote %s\n", static_cast<long long>(result->steps),
                 result->final_loss, result->output_path.c_str());
   }
   return 0;

@@ -292,7 +292,7 @@ TEST(JobSpecTest, AcceptsYamlSpellingsOfNumbersAndBools) {
   EXPECT_EQ(spec->device, "cuda");
   for (const char* yes : {"true", "True", "yes", "on"}) {
     const StatusOr<JobSpec> merged = Parse(
-        "model: {path: m}\ndata: {train: t}\noutput: {dir: o, merge: " + std::string(yes) + "}\n");
+        "model: {path: m}\ndata: {train: t}\noutput: {dir: o, merge: " + std::string(yes) + "}\nadapter: {}\n");
     ASSERT_TRUE(merged.ok()) << merged.status().message();
     EXPECT_TRUE(merged->output.merge) << yes;
   }
@@ -564,6 +564,28 @@ TEST(JobSpecTest, TargetModulesMustBeAListOrAllLinear) {
                "[q_proj]"});
   ExpectError(std::string(kMinimal) + "adapter:\n  target_modules: []\n",
               {"job.yaml:5:", "adapter.target_modules: must name at least one module"});
+}
+
+}  // namespace
+}  // namespace trainerd
+
+namespace trainerd {
+namespace {
+
+TEST(JobSpecConflictTest, EvalEveryWithoutEvalData) {
+  auto spec = ParseJobSpecText(
+      "model: {path: /m}\ndata: {train: /t.jsonl}\noutput: {dir: /o}\ntraining:\n  eval_every: 10\n", "job.yaml", "/");
+  ASSERT_FALSE(spec.ok());
+  EXPECT_NE(spec.status().message().find("job.yaml:5: training.eval_every"), std::string::npos)
+      << spec.status().message();
+  EXPECT_NE(spec.status().message().find("data.eval"), std::string::npos);
+}
+
+TEST(JobSpecConflictTest, MergeWithoutAdapter) {
+  auto spec = ParseJobSpecText("model: {path: /m}\ndata: {train: /t.jsonl}\noutput:\n  dir: /o\n  merge: true\n",
+                               "job.yaml", "/");
+  ASSERT_FALSE(spec.ok());
+  EXPECT_NE(spec.status().message().find("job.yaml:5: output.merge"), std::string::npos) << spec.status().message();
 }
 
 }  // namespace
