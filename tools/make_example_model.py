@@ -5,7 +5,7 @@
 
     python3 tools/make_example_model.py --data-only OUT_DIR   (plain Python)
 
-The model is a tiny Llama (about 0.8M parameters, vocabulary 512, stored in
+The model is a tiny Llama (about 0.95M parameters, vocabulary 512, stored in
 bf16) pretrained for a few hundred steps on a synthetic "language": token
 sequences drawn from a sparse random Markov chain in which each token has
 three successors with probabilities 0.6, 0.3 and 0.1. The demo's data
