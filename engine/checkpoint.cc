@@ -53,8 +53,7 @@ StatusOr<std::string> WriteCheckpoint(const std::string& checkpoints_dir, const 
   const std::string name = kPrefix + std::to_string(state.step);
   TRAINERD_ASSIGN_OR_RETURN(std::string staging, MakeStagingDirectory(checkpoints_dir, name));
   auto fail = [&](const Status& s) {
-    std::error_code ec;
-    fs::remove_all(staging, ec);
+    (void)RemoveTree(staging);  // best effort: the write error is what matters
     return s.WithContext("writing checkpoint " + name);
   };
   nlohmann::json meta = {{"format", kFormat}, {"version", kVersion},     {"step", state.step},
@@ -86,8 +85,7 @@ StatusOr<std::string> WriteCheckpoint(const std::string& checkpoints_dir, const 
 
   auto all = CompleteCheckpoints(checkpoints_dir);
   for (size_t k = 0; k + keep < all.size(); ++k) {
-    std::error_code ec;
-    fs::remove_all(all[k].second, ec);
+    TRAINERD_RETURN_IF_ERROR(RemoveTree(all[k].second.string()).WithContext("pruning old checkpoints"));
   }
   return final_path;
 }

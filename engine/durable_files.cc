@@ -1,6 +1,7 @@
 #include "engine/durable_files.h"
 
 #include <fcntl.h>
+#include <ftw.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -22,6 +23,23 @@ std::string ParentOf(const fs::path& p) {
   return p.has_parent_path() ? p.parent_path().string() : std::string(".");
 }
 }  // namespace
+
+namespace {
+int RemoveEntry(const char* path, const struct stat*, int type, struct FTW*) {
+  return (type == FTW_DP ? ::rmdir(path) : ::unlink(path)) == 0 || errno == ENOENT ? 0 : -1;
+}
+}  // namespace
+
+Status RemoveTree(const std::string& path) {
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0) {
+    return errno == ENOENT ? Status::Ok() : Status::Error("removing " + path + ": " + Errno());
+  }
+  if (::nftw(path.c_str(), RemoveEntry, 16, FTW_DEPTH | FTW_PHYS) != 0) {
+    return Status::Error("removing " + path + ": " + Errno());
+  }
+  return Status::Ok();
+}
 
 Status FsyncPath(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -101,7 +119,7 @@ Status CommitDirectory(const std::string& staging, const std::string& final_path
     return Status::Error("renaming " + staging + " to " + final_path + ": " + err);
   }
   TRAINERD_RETURN_IF_ERROR(FsyncPath(ParentOf(final_p)));
-  if (!old.empty()) fs::remove_all(old, ec);
+  if (!old.empty()) (void)RemoveTree(old);  // the new folder is in place; a leftover is harmless
   return Status::Ok();
 }
 

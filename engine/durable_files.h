@@ -12,6 +12,13 @@ namespace trainerd::engine {
 // fsynced and renamed into place.
 Status WriteFileAtomically(const std::string& path, const std::string& contents);
 
+// Removes a file or a folder with everything in it; absent is not an error.
+// Use this rather than std::filesystem::remove_all in code linked with
+// LibTorch: PyTorch's wheels export their own copies of the
+// recursive_directory_iterator that remove_all is built on
+// (pytorch/pytorch#133437), and calls bound to those crash.
+Status RemoveTree(const std::string& path);
+
 // fsyncs one file or folder.
 Status FsyncPath(const std::string& path);
 

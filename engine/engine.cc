@@ -123,8 +123,7 @@ Status WriteOutputFolder(const std::string& final_path, Fill fill) {
   Status s = fill(staging);
   if (s.ok()) s = CommitDirectory(staging, final_path);
   if (!s.ok()) {
-    std::error_code ec;
-    fs::remove_all(staging, ec);
+    (void)RemoveTree(staging);  // best effort: the error being returned matters more
   }
   return s.WithContext("writing " + final_path);
 }

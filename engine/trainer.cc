@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "engine/batch.h"
+#include "engine/durable_files.h"
 #include "engine/lr_schedule.h"
 
 namespace trainerd::engine {
@@ -131,9 +132,7 @@ StatusOr<RunResult> Trainer::Run(const RunOptions& options) {
   if (!options.resume) {
     // A fresh run replaces an earlier run's outputs: its checkpoints must not
     // outrank (and prune) this run's, nor be resumed from later.
-    std::error_code ec;
-    fs::remove_all(checkpoints_dir, ec);
-    if (ec) return Status::Error("removing the earlier run's " + checkpoints_dir + ": " + ec.message());
+    TRAINERD_RETURN_IF_ERROR(RemoveTree(checkpoints_dir).WithContext("clearing the earlier run's checkpoints"));
   } else {
     if (auto latest = FindLatestCheckpoint(checkpoints_dir)) {
       TRAINERD_ASSIGN_OR_RETURN(CheckpointState saved, ReadCheckpoint(*latest, trainable_, *optimizer_, model_.device()));

@@ -14,6 +14,7 @@
 #include <torch/torch.h>
 
 #include "common/job_spec.h"
+#include "engine/durable_files.h"
 #include "engine/engine.h"
 
 namespace trainerd::testing {
@@ -32,8 +33,7 @@ class TempDir {
     path_ = ::mkdtemp(buf.data());
   }
   ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
+    (void)engine::RemoveTree(path_);
   }
   const std::string& path() const { return path_; }
   std::string operator/(const std::string& rel) const { return (fs::path(path_) / rel).string(); }
@@ -118,9 +118,12 @@ class RecordingReporter : public engine::Reporter {
 inline std::vector<std::string> HiddenEntries(const std::string& dir) {
   std::vector<std::string> out;
   std::error_code ec;
-  if (!fs::exists(dir, ec)) return out;
-  for (const auto& e : fs::recursive_directory_iterator(dir, ec)) {
+  if (!fs::is_directory(dir, ec)) return out;
+  // Plain directory_iterator, recursing by hand: see engine::RemoveTree on why
+  // torch-linked code avoids recursive_directory_iterator.
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
     if (e.path().filename().string().rfind('.', 0) == 0) out.push_back(e.path().string());
+    for (auto& inner : HiddenEntries(e.path().string())) out.push_back(inner);
   }
   return out;
 }
