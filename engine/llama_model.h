@@ -77,7 +77,7 @@ class LlamaModel {
   // The base model's tensors under their Hugging Face names, each once (a tied
   // lm_head is not listed separately), in a stable order.
   std::vector<std::pair<std::string, torch::Tensor>> NamedWeights() const;
-  // Replaces the tensor behind a name (for loading trained full weights).
+  // Whether lm_head shares the embedding's tensor (tie_word_embeddings).
   bool tied() const { return config_.tie_word_embeddings; }
 
  private:
