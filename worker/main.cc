@@ -1,6 +1,7 @@
 // trainerd-worker: runs one job in the foreground.
 //
 //   trainerd-worker run JOB.yaml [--resume]
+//   trainerd-worker tokenize MODEL_DIR|tokenizer.json   (JSONL text in, JSONL ids out)
 //
 // Exit status: 0 the job succeeded; 1 it failed (one line on stderr says
 // why); 2 usage error; 75 stopped by SIGTERM/SIGINT after writing a checkpoint
@@ -8,11 +9,15 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <iostream>
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "common/job_spec.h"
 #include "engine/engine.h"
+#include "engine/tokenizer/tokenizer.h"
 #include "worker/console_reporter.h"
 
 namespace {
@@ -27,9 +32,12 @@ void OnStopSignal(int) { g_stop.store(true); }
 
 const char kUsage[] =
     "usage: trainerd-worker run JOB.yaml [--resume]\n"
+    "       trainerd-worker tokenize MODEL_DIR|tokenizer.json\n"
     "\n"
     "  run JOB.yaml   run a fine-tuning or eval job in the foreground\n"
     "    --resume     continue from the newest checkpoint in output.dir/checkpoints\n"
+    "  tokenize PATH  read JSONL {\"text\": ...} lines on stdin, write {\"ids\": [...]} lines\n"
+    "                 on stdout, special tokens added as the tokenizer's post-processor says\n"
     "\n"
     "SIGTERM or Ctrl-C finishes the current step, writes a checkpoint and exits with 75.\n"
     "Job files are documented in docs/job-spec.md.\n";
@@ -70,6 +78,52 @@ int Run(const std::string& spec_path, bool resume) {
   return 0;
 }
 
+// Streams JSONL texts from stdin to JSONL ids on stdout; the first bad line
+// (`<stdin>:LINE: ...`) ends it with exit status 1.
+int Tokenize(const std::string& tokenizer_path) {
+  auto tokenizer = trainerd::engine::tokenizer::Tokenizer::FromFile(tokenizer_path);
+  if (!tokenizer.ok()) {
+    std::fprintf(stderr, "error: %s\n", tokenizer.status().message().c_str());
+    return kExitFailed;
+  }
+  std::ios::sync_with_stdio(false);
+  std::string line, out;
+  size_t line_number = 0;
+  auto fail = [&line_number](const std::string& message) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "error: <stdin>:%zu: %s\n", line_number, message.c_str());
+    return kExitFailed;
+  };
+  while (std::getline(std::cin, line)) {
+    ++line_number;
+    nlohmann::json record;
+    try {
+      record = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::exception& e) {
+      return fail(std::string("malformed JSON: ") + e.what());
+    }
+    if (!record.is_object()) return fail("expected a JSON object {\"text\": ...}");
+    auto text = record.find("text");
+    if (text == record.end()) return fail("missing \"text\"");
+    if (!text->is_string()) return fail("\"text\" must be a string, got " + std::string(text->type_name()));
+    auto ids = (*tokenizer)->Encode(text->get_ref<const std::string&>());
+    if (!ids.ok()) return fail(ids.status().message());
+    out.assign("{\"ids\": [");
+    for (size_t i = 0; i < ids->size(); ++i) {
+      if (i > 0) out += ", ";
+      out += std::to_string((*ids)[i]);
+    }
+    out += "]}\n";
+    std::fwrite(out.data(), 1, out.size(), stdout);
+  }
+  if (std::cin.bad()) return fail("read error");
+  if (std::fflush(stdout) != 0) {
+    std::fprintf(stderr, "error: writing to stdout failed\n");
+    return kExitFailed;
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -102,6 +156,17 @@ int main(int argc, char** argv) {
       return kExitUsage;
     }
     return Run(spec, resume);
+  }
+  if (args[0] == "tokenize") {
+    if (args.size() == 2 && (args[1] == "--help" || args[1] == "-h")) {
+      std::fputs(kUsage, stdout);
+      return 0;
+    }
+    if (args.size() != 2 || (!args[1].empty() && args[1][0] == '-')) {
+      std::fprintf(stderr, "error: tokenize takes one MODEL_DIR or tokenizer.json\n\n%s", kUsage);
+      return kExitUsage;
+    }
+    return Tokenize(args[1]);
   }
   std::fprintf(stderr, "error: unknown command '%s'\n\n%s", args[0].c_str(), kUsage);
   return kExitUsage;

@@ -1,0 +1,165 @@
+#include "engine/tokenizer/tokenizer.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/tokenizer/component_json.h"
+#include "engine/tokenizer/utf8.h"
+
+namespace trainerd::engine::tokenizer {
+
+using nlohmann::json;
+
+StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromFile(const std::string& path) {
+  std::error_code ec;
+  std::string file = path;
+  if (std::filesystem::is_directory(path, ec)) {
+    file = (std::filesystem::path(path) / "tokenizer.json").string();
+    if (!std::filesystem::exists(file, ec))
+      return Status::Error(path + ": the folder has no tokenizer.json (only tokenizer.json tokenizers are supported)");
+  }
+  std::ifstream in(file, std::ios::binary);
+  if (!in) return Status::Error(file + ": cannot open for reading");
+  std::ostringstream content;
+  content << in.rdbuf();
+  if (in.bad()) return Status::Error(file + ": read failed");
+  return FromJsonText(content.str(), file);
+}
+
+StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJsonText(std::string_view json_text, const std::string& source) {
+  json root;
+  try {
+    root = json::parse(json_text.begin(), json_text.end());
+  } catch (const json::exception& e) {
+    return Status::Error(source + ": not valid JSON: " + e.what());
+  }
+  auto fail = [&source](const Status& status) { return status.WithContext(source); };
+  if (!root.is_object()) return Status::Error(source + ": the top level must be a JSON object");
+  if (auto it = root.find("version"); it != root.end() && !(it->is_string() && it->get<std::string>() == "1.0"))
+    return Status::Error(source + ": tokenizer.json version " + it->dump() + " is not supported (want \"1.0\")");
+  for (const char* key : {"truncation", "padding"}) {
+    auto it = root.find(key);
+    if (it != root.end() && !it->is_null())
+      return Status::Error(source + ": \"" + key + "\" is set; it is not supported (set it to null)");
+  }
+  std::unique_ptr<Tokenizer> tokenizer(new Tokenizer());
+  const json kNull;
+  auto section = [&](const char* key) -> const json& {
+    auto it = root.find(key);
+    return it == root.end() ? kNull : *it;
+  };
+  auto normalizer = ParseNormalizer(section("normalizer"));
+  if (!normalizer.ok()) return fail(normalizer.status());
+  tokenizer->normalizer_ = std::move(normalizer).value();
+  auto pre_tokenizer = ParsePreTokenizer(section("pre_tokenizer"));
+  if (!pre_tokenizer.ok()) return fail(pre_tokenizer.status());
+  tokenizer->pre_tokenizer_ = std::move(pre_tokenizer).value();
+
+  const json& model_config = section("model");
+  if (!model_config.is_object()) return Status::Error(source + ": \"model\" must be an object");
+  std::string model_type = "BPE";
+  if (model_config.contains("type")) {
+    Status status = ReadType(model_config, "model", &model_type);
+    if (!status.ok()) return fail(status);
+  }
+  if (model_type != "BPE") return fail(UnsupportedType("model", model_type));
+  auto model = BpeModel::FromJson(model_config);
+  if (!model.ok()) return fail(model.status());
+  tokenizer->model_ = std::move(model).value();
+
+  auto post_processor = ParsePostProcessor(section("post_processor"));
+  if (!post_processor.ok()) return fail(post_processor.status());
+  tokenizer->post_processor_ = std::move(post_processor).value();
+  auto decoder = ParseDecoder(section("decoder"));
+  if (!decoder.ok()) return fail(decoder.status());
+  tokenizer->decoder_ = std::move(decoder).value();
+
+  auto added = AddedVocabulary::FromJson(section("added_tokens"), *tokenizer->model_, tokenizer->normalizer_.get());
+  if (!added.ok()) return fail(added.status());
+  tokenizer->added_ = std::move(added).value();
+  return tokenizer;
+}
+
+Status Tokenizer::EncodePiece(std::string text, bool at_text_start, std::vector<int32_t>* ids) const {
+  std::vector<PreToken> words;
+  words.push_back({std::move(text), at_text_start});
+  if (pre_tokenizer_) TRAINERD_RETURN_IF_ERROR(pre_tokenizer_->PreTokenize(&words));
+  for (const PreToken& word : words) TRAINERD_RETURN_IF_ERROR(model_->Tokenize(word.text, ids));
+  return Status::Ok();
+}
+
+StatusOr<std::vector<int32_t>> Tokenizer::Encode(std::string_view text, bool add_special_tokens) const {
+  if (size_t bad = FindInvalidUtf8(text); bad != std::string_view::npos)
+    return Status::Error("text is not valid UTF-8 at byte offset " + std::to_string(bad));
+  std::vector<int32_t> ids;
+  std::vector<TextSegment> raw_segments, normalized_segments;
+  added_.Segment(text, /*normalized_tokens=*/false, &raw_segments);
+  for (const TextSegment& raw : raw_segments) {
+    if (raw.start == raw.end) continue;
+    if (raw.id >= 0) {
+      ids.push_back(raw.id);
+      continue;
+    }
+    std::string piece(text.substr(raw.start, raw.end - raw.start));
+    if (normalizer_) TRAINERD_RETURN_IF_ERROR(normalizer_->Normalize(&piece));
+    added_.Segment(piece, /*normalized_tokens=*/true, &normalized_segments);
+    for (const TextSegment& segment : normalized_segments) {
+      if (segment.start == segment.end) continue;
+      if (segment.id >= 0) {
+        ids.push_back(segment.id);
+        continue;
+      }
+      TRAINERD_RETURN_IF_ERROR(EncodePiece(piece.substr(segment.start, segment.end - segment.start),
+                                           raw.start == 0 && segment.start == 0, &ids));
+    }
+  }
+  if (post_processor_) post_processor_->Process(&ids, add_special_tokens);
+  return ids;
+}
+
+std::string Tokenizer::Decode(const std::vector<int32_t>& ids, bool skip_special_tokens) const {
+  std::vector<std::string> tokens;
+  tokens.reserve(ids.size());
+  for (int32_t id : ids) {
+    if (const AddedToken* added = added_.Find(id)) {
+      if (skip_special_tokens && added->special) continue;
+      tokens.push_back(*added_.DecodedForm(id));
+    } else if (const std::string* token = model_->IdToToken(id)) {
+      // HF's is_special_token looks the token's text up among the added tokens.
+      if (skip_special_tokens) {
+        if (auto added_id = added_.TokenToId(*token); added_id && added_.Find(*added_id)->special) continue;
+      }
+      tokens.push_back(*token);
+    }
+  }
+  if (!decoder_) {
+    std::string joined;
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      if (i > 0) joined += ' ';
+      joined += tokens[i];
+    }
+    return joined;
+  }
+  decoder_->DecodeChain(&tokens);
+  std::string text;
+  for (const std::string& token : tokens) text += token;
+  return text;
+}
+
+std::optional<int32_t> Tokenizer::TokenToId(std::string_view token) const {
+  if (auto id = added_.TokenToId(token)) return id;
+  return model_->TokenToId(token);
+}
+
+std::optional<std::string> Tokenizer::IdToToken(int32_t id) const {
+  if (const AddedToken* added = added_.Find(id)) return added->content;
+  if (const std::string* token = model_->IdToToken(id)) return *token;
+  return std::nullopt;
+}
+
+int32_t Tokenizer::vocab_size() const { return std::max(model_->id_end(), added_.id_end()); }
+
+}  // namespace trainerd::engine::tokenizer

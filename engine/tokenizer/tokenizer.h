@@ -1,0 +1,65 @@
+// A text tokenizer read from a Hugging Face tokenizer.json, producing the same
+// ids as Hugging Face tokenizers' Tokenizer.encode (and the same text as its
+// decode) for the components it supports: a BPE model with the normalizers,
+// pre-tokenizers, post-processors and decoders listed in their headers. Any
+// other component is an error at load time that names it, never a silent
+// difference. Torch-free.
+//
+// Encoding follows HF's pipeline: added tokens are cut out of the raw text
+// (non-normalized ones), each remaining piece is normalized and cut at the
+// normalized added tokens, pre-tokenized into words, each word BPE-encoded;
+// then the post-processor adds special tokens.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+#include "engine/tokenizer/added_vocabulary.h"
+#include "engine/tokenizer/bpe_model.h"
+#include "engine/tokenizer/decoder.h"
+#include "engine/tokenizer/normalizer.h"
+#include "engine/tokenizer/post_processor.h"
+#include "engine/tokenizer/pre_tokenizer.h"
+
+namespace trainerd::engine::tokenizer {
+
+class Tokenizer {
+ public:
+  // `path` is a tokenizer.json file or a model folder that contains one.
+  static StatusOr<std::unique_ptr<Tokenizer>> FromFile(const std::string& path);
+  // `json_text` is the content of a tokenizer.json; `source` names it in errors.
+  static StatusOr<std::unique_ptr<Tokenizer>> FromJsonText(std::string_view json_text, const std::string& source);
+
+  // Ids of `text`, special tokens added as the post-processor says when
+  // add_special_tokens. Invalid UTF-8 is an error naming the byte offset.
+  // Thread-safe.
+  StatusOr<std::vector<int32_t>> Encode(std::string_view text, bool add_special_tokens = true) const;
+
+  // Text of `ids`; ids no token has are skipped, special added tokens too
+  // when skip_special_tokens. Thread-safe.
+  std::string Decode(const std::vector<int32_t>& ids, bool skip_special_tokens = false) const;
+
+  // Added tokens first, then the model's vocabulary.
+  std::optional<int32_t> TokenToId(std::string_view token) const;
+  std::optional<std::string> IdToToken(int32_t id) const;
+  // One more than the largest id of the model's vocabulary and the added tokens.
+  int32_t vocab_size() const;
+
+ private:
+  Tokenizer() = default;
+  Status EncodePiece(std::string text, bool at_text_start, std::vector<int32_t>* ids) const;
+
+  std::unique_ptr<Normalizer> normalizer_;
+  std::unique_ptr<PreTokenizer> pre_tokenizer_;
+  std::unique_ptr<BpeModel> model_;
+  std::unique_ptr<PostProcessor> post_processor_;
+  std::unique_ptr<Decoder> decoder_;
+  AddedVocabulary added_;
+};
+
+}  // namespace trainerd::engine::tokenizer
