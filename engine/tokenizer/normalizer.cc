@@ -4,6 +4,7 @@
 
 #include "engine/tokenizer/component_json.h"
 #include "engine/tokenizer/split_pattern.h"
+#include "engine/tokenizer/unicode_nfc.h"
 #include "engine/tokenizer/utf8.h"
 
 namespace trainerd::engine::tokenizer {
@@ -92,6 +93,15 @@ class StripNormalizer : public Normalizer {
   bool left_, right_;
 };
 
+// Unicode Normalization Form C (unicode_nfc.h).
+class NfcNormalizer : public Normalizer {
+ public:
+  Status Normalize(std::string* text) const override {
+    *text = NormalizeNfc(*text);
+    return Status::Ok();
+  }
+};
+
 }  // namespace
 
 StatusOr<std::unique_ptr<Normalizer>> ParseNormalizer(const json& config) {
@@ -127,6 +137,7 @@ StatusOr<std::unique_ptr<Normalizer>> ParseNormalizer(const json& config) {
     TRAINERD_RETURN_IF_ERROR(ReadBool(config, "strip_right", where, &right));
     return std::unique_ptr<Normalizer>(new StripNormalizer(left, right));
   }
+  if (type == "NFC") return std::unique_ptr<Normalizer>(new NfcNormalizer());
   return UnsupportedType("normalizer", type);
 }
 

@@ -1,9 +1,10 @@
 // tokenizer.json's "normalizer": rewrites each piece of text that is not an
 // added token before pre-tokenization.
 //
-// Supported: Sequence, Prepend, Replace (String or Regex pattern), Strip.
-// Unicode normalization forms (NFC, NFKC, ...), Lowercase, BertNormalizer and
-// the rest are refused with an error naming them.
+// Supported: Sequence, Prepend, Replace (String or Regex pattern), Strip, NFC
+// (engine/tokenizer/unicode_nfc.h). The other Unicode normalization forms
+// (NFD, NFKC, NFKD), Lowercase, BertNormalizer and the rest are refused with
+// an error naming them.
 #pragma once
 
 #include <memory>
