@@ -65,9 +65,11 @@ struct JobSpec {
   struct Data {
     std::string train;              // required by task finetune
     std::string eval;               // required by task eval; optional for finetune
-    std::string format = "tokens";  // tokens
+    std::string format = "tokens";  // auto | tokens | text | completion
     int64_t max_seq_len = 2048;     // >= 2; longer examples are truncated
     bool shuffle = true;
+    bool train_on_prompt = false;  // completion data: train the prompt's tokens too
+    bool packing = false;  // several examples per sequence, attention and positions reset at each
   } data;
 
   struct Training {

@@ -13,6 +13,7 @@ namespace trainerd::engine {
 struct Batch {
   torch::Tensor input_ids;  // (B, T) int64, right-padded with token 0
   torch::Tensor labels;     // (B, T) int64, -100 at padding
+  torch::Tensor position_ids;  // (B, T) int64 for packed examples, else undefined
   int64_t input_tokens = 0;   // non-padding tokens
   int64_t target_tokens = 0;  // positions 1..T-1 with a label
 };

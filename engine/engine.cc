@@ -13,7 +13,9 @@
 #include "engine/llama_model.h"
 #include "engine/lora.h"
 #include "engine/model_config.h"
+#include "engine/packing.h"
 #include "engine/tensor_io.h"
+#include "engine/text_dataset.h"
 #include "engine/token_dataset.h"
 #include "engine/trainer.h"
 
@@ -130,8 +132,9 @@ Status WriteOutputFolder(const std::string& final_path, Fill fill) {
 
 StatusOr<RunResult> RunEval(const JobSpec& spec, const Placement& place, Reporter& reporter) {
   TRAINERD_ASSIGN_OR_RETURN(LoadedModel m, LoadModel(spec, place));
-  TRAINERD_ASSIGN_OR_RETURN(TokenDataset eval,
-                            LoadTokenDataset(spec.data.eval, m.config.vocab_size, spec.data.max_seq_len));
+  DatasetLoader data(spec.model.path, spec.data.format, m.config.vocab_size, spec.data.max_seq_len,
+                     spec.data.train_on_prompt);
+  TRAINERD_ASSIGN_OR_RETURN(TokenDataset eval, data.Load(spec.data.eval));
   RunInfo info;
   info.device = DeviceName(place.device);
   info.dtype = place.dtype_name;
@@ -160,11 +163,21 @@ StatusOr<RunResult> RunEval(const JobSpec& spec, const Placement& place, Reporte
 StatusOr<RunResult> RunFinetune(const JobSpec& spec, const RunOptions& options, const Placement& place,
                                 Reporter& reporter) {
   TRAINERD_ASSIGN_OR_RETURN(LoadedModel m, LoadModel(spec, place));
-  TRAINERD_ASSIGN_OR_RETURN(TokenDataset train,
-                            LoadTokenDataset(spec.data.train, m.config.vocab_size, spec.data.max_seq_len));
+  // data.format picks tokens or a text format (tokenized with model.path's tokenizer.json).
+  DatasetLoader data(spec.model.path, spec.data.format, m.config.vocab_size, spec.data.max_seq_len,
+                     spec.data.train_on_prompt);
+  TRAINERD_ASSIGN_OR_RETURN(TokenDataset train, data.Load(spec.data.train));
   std::optional<TokenDataset> eval;
   if (!spec.data.eval.empty()) {
-    TRAINERD_ASSIGN_OR_RETURN(eval, LoadTokenDataset(spec.data.eval, m.config.vocab_size, spec.data.max_seq_len));
+    TRAINERD_ASSIGN_OR_RETURN(eval, data.Load(spec.data.eval));
+  }
+  if (spec.data.packing) {
+    const size_t examples = train.examples.size();
+    train = PackExamples(train, spec.data.max_seq_len);
+    if (eval) eval = PackExamples(*eval, spec.data.max_seq_len);
+    reporter.OnMessage("data.packing: " + std::to_string(examples) + " training examples packed into " +
+                       std::to_string(train.examples.size()) + " sequences of at most " +
+                       std::to_string(spec.data.max_seq_len) + " tokens");
   }
   NamedTensors trainable;
   if (m.lora) {

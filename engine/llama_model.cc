@@ -80,31 +80,47 @@ torch::Tensor RepeatKv(const torch::Tensor& x, int64_t n_rep) {
 
 }  // namespace
 
-torch::Tensor CausalAttentionExplicit(const torch::Tensor& q, const torch::Tensor& k,
-                                      const torch::Tensor& v) {
+torch::Tensor PackedAttentionMask(const torch::Tensor& position_ids) {
+  const int64_t t = position_ids.size(1);
+  torch::Tensor segment = (position_ids == 0).to(torch::kInt64).cumsum(1);  // (B, T)
+  torch::Tensor same = segment.unsqueeze(2) == segment.unsqueeze(1);        // (B, T, T)
+  torch::Tensor causal =
+      torch::ones({t, t}, torch::TensorOptions().dtype(torch::kBool).device(position_ids.device())).tril();
+  return (same & causal).unsqueeze(1);
+}
+
+torch::Tensor CausalAttentionExplicit(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                      const torch::Tensor& mask) {
   const int64_t n_rep = q.size(1) / k.size(1);
   torch::Tensor kr = RepeatKv(k, n_rep), vr = RepeatKv(v, n_rep);
   const int64_t t = q.size(2);
   const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
   torch::Tensor scores = torch::matmul(q, kr.transpose(2, 3)) * scale;  // (B, nh, T, T)
-  torch::Tensor future = torch::ones({t, t}, torch::TensorOptions().dtype(torch::kBool).device(q.device())).triu(1);
-  scores = scores.to(torch::kFloat32).masked_fill(future, -std::numeric_limits<float>::infinity());
+  torch::Tensor blocked =
+      mask.defined() ? torch::logical_not(mask)
+                     : torch::ones({t, t}, torch::TensorOptions().dtype(torch::kBool).device(q.device())).triu(1);
+  scores = scores.to(torch::kFloat32).masked_fill(blocked, -std::numeric_limits<float>::infinity());
   torch::Tensor probs = torch::softmax(scores, -1).to(q.scalar_type());
   return torch::matmul(probs, vr);
 }
 
-torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
+torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                              const torch::Tensor& mask) {
 #if TORCH_VERSION_MAJOR >= 2
   const int64_t n_rep = q.size(1) / k.size(1);
+  if (mask.defined()) {
+    return at::scaled_dot_product_attention(q, RepeatKv(k, n_rep), RepeatKv(v, n_rep), mask, /*dropout_p=*/0.0,
+                                            /*is_causal=*/false);
+  }
   return at::scaled_dot_product_attention(q, RepeatKv(k, n_rep), RepeatKv(v, n_rep), /*attn_mask=*/{},
                                           /*dropout_p=*/0.0, /*is_causal=*/true);
 #else
-  return CausalAttentionExplicit(q, k, v);
+  return CausalAttentionExplicit(q, k, v, mask);
 #endif
 }
 
-torch::Tensor LlamaModel::Attention(const DecoderLayer& layer, const torch::Tensor& x,
-                                    const torch::Tensor& cos, const torch::Tensor& sin) const {
+torch::Tensor LlamaModel::Attention(const DecoderLayer& layer, const torch::Tensor& x, const torch::Tensor& cos,
+                                    const torch::Tensor& sin, const torch::Tensor& mask) const {
   const int64_t b = x.size(0), t = x.size(1), d = config_.head_dim;
   const int64_t nh = config_.num_attention_heads, nkv = config_.num_key_value_heads;
   torch::Tensor q = layer.q_proj.Forward(x, training_).view({b, t, nh, d}).transpose(1, 2);
@@ -112,23 +128,32 @@ torch::Tensor LlamaModel::Attention(const DecoderLayer& layer, const torch::Tens
   torch::Tensor v = layer.v_proj.Forward(x, training_).view({b, t, nkv, d}).transpose(1, 2);
   q = q * cos + RotateHalf(q) * sin;
   k = k * cos + RotateHalf(k) * sin;
-  torch::Tensor o = CausalAttention(q, k, v);  // (B, nh, T, d)
+  torch::Tensor o = CausalAttention(q, k, v, mask);  // (B, nh, T, d)
   o = o.transpose(1, 2).reshape({b, t, nh * d});
   return layer.o_proj.Forward(o, training_);
 }
 
-torch::Tensor LlamaModel::Hidden(const torch::Tensor& input_ids) const {
+torch::Tensor LlamaModel::Hidden(const torch::Tensor& input_ids, const torch::Tensor& position_ids) const {
   const int64_t t = input_ids.size(1);
   torch::Tensor h = torch::embedding(embed_tokens_, input_ids);  // (B, T, H)
-  // cos/sin: (1, 1, T, d) in float32, cast to the model dtype as transformers does.
-  torch::Tensor positions = torch::arange(t, torch::TensorOptions().dtype(torch::kFloat32).device(device()));
-  torch::Tensor freqs = torch::outer(positions, inv_freq_);  // (T, d/2)
-  torch::Tensor emb = torch::cat({freqs, freqs}, -1);
-  torch::Tensor cos = emb.cos().to(dtype()).view({1, 1, t, -1});
-  torch::Tensor sin = emb.sin().to(dtype()).view({1, 1, t, -1});
+  // cos/sin: (B or 1, 1, T, d) in float32, cast to the model dtype as transformers does.
+  torch::Tensor cos, sin, mask;
+  if (position_ids.defined()) {
+    torch::Tensor freqs = position_ids.to(torch::kFloat32).unsqueeze(-1) * inv_freq_;  // (B, T, d/2)
+    torch::Tensor emb = torch::cat({freqs, freqs}, -1);
+    cos = emb.cos().to(dtype()).unsqueeze(1);
+    sin = emb.sin().to(dtype()).unsqueeze(1);
+    mask = PackedAttentionMask(position_ids);
+  } else {
+    torch::Tensor positions = torch::arange(t, torch::TensorOptions().dtype(torch::kFloat32).device(device()));
+    torch::Tensor freqs = torch::outer(positions, inv_freq_);  // (T, d/2)
+    torch::Tensor emb = torch::cat({freqs, freqs}, -1);
+    cos = emb.cos().to(dtype()).view({1, 1, t, -1});
+    sin = emb.sin().to(dtype()).view({1, 1, t, -1});
+  }
   const double eps = config_.rms_norm_eps;
   for (const DecoderLayer& layer : layers_) {
-    h = h + Attention(layer, RmsNorm(h, layer.input_norm, eps), cos, sin);
+    h = h + Attention(layer, RmsNorm(h, layer.input_norm, eps), cos, sin, mask);
     torch::Tensor x = RmsNorm(h, layer.post_attention_norm, eps);
     torch::Tensor gated = torch::silu(layer.gate_proj.Forward(x, training_)) * layer.up_proj.Forward(x, training_);
     h = h + layer.down_proj.Forward(gated, training_);

@@ -5,6 +5,12 @@
 // heads, d head_dim. Batches are right-padded and attention is causal, so
 // padding (at the end of a row) never influences a real position: no
 // attention mask is needed; padded positions carry label -100.
+//
+// Packed rows (several examples in one sequence) pass position_ids that
+// restart at 0 at every example: rotary positions follow them and attention
+// stays inside each example (a position attends to earlier positions of the
+// same run of positions), so a packed example computes exactly what it would
+// alone.
 #pragma once
 
 #include <map>
@@ -63,7 +69,9 @@ class LlamaModel {
   torch::Device device() const { return embed_tokens_.device(); }
 
   // input_ids: (B, T) int64 -> final hidden states (B, T, H) after the last norm.
-  torch::Tensor Hidden(const torch::Tensor& input_ids) const;
+  // position_ids: undefined (0..T-1 in every row) or (B, T) int64 restarting
+  // at 0 where a packed example starts.
+  torch::Tensor Hidden(const torch::Tensor& input_ids, const torch::Tensor& position_ids = {}) const;
   // (B, T, H) -> (B, T, V) in the model dtype.
   torch::Tensor Logits(const torch::Tensor& hidden) const;
   const torch::Tensor& lm_head() const { return lm_head_; }
@@ -82,8 +90,8 @@ class LlamaModel {
 
  private:
   explicit LlamaModel(ModelConfig config) : config_(std::move(config)) {}
-  torch::Tensor Attention(const DecoderLayer& layer, const torch::Tensor& x,
-                          const torch::Tensor& cos, const torch::Tensor& sin) const;
+  torch::Tensor Attention(const DecoderLayer& layer, const torch::Tensor& x, const torch::Tensor& cos,
+                          const torch::Tensor& sin, const torch::Tensor& mask) const;
 
   ModelConfig config_;
   torch::Tensor embed_tokens_;  // (V, H)
@@ -102,9 +110,16 @@ torch::Tensor RopeInverseFrequencies(const ModelConfig& config);
 
 // Causal grouped-query attention. q: (B, nh, T, d); k, v: (B, nkv, T, d).
 // Returns (B, nh, T, d). Uses SDPA where LibTorch has it (2.x), else an
-// explicit softmax(QK^T/sqrt(d) + causal mask)V in float32.
-torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v);
-torch::Tensor CausalAttentionExplicit(const torch::Tensor& q, const torch::Tensor& k,
-                                      const torch::Tensor& v);
+// explicit softmax(QK^T/sqrt(d) + mask)V in float32. `mask`: undefined for
+// plain causal attention, or (B, 1, T, T) bool, true where a query may attend
+// (PackedAttentionMask).
+torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                              const torch::Tensor& mask = {});
+torch::Tensor CausalAttentionExplicit(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                      const torch::Tensor& mask = {});
+
+// (B, 1, T, T) bool: causal and within the same packed example, examples
+// being the runs of position_ids (B, T) that start at 0.
+torch::Tensor PackedAttentionMask(const torch::Tensor& position_ids);
 
 }  // namespace trainerd::engine

@@ -18,6 +18,9 @@ inline constexpr int64_t kIgnoreIndex = -100;
 struct TokenExample {
   std::vector<int64_t> input_ids;
   std::vector<int64_t> labels;  // same length as input_ids
+  // Empty for one example; for a packed sequence (engine/packing.h) the
+  // positions of each packed example, restarting at 0 where it starts.
+  std::vector<int64_t> position_ids;
 
   // Positions 1..n-1 whose label is not kIgnoreIndex.
   int64_t target_tokens() const;

@@ -87,6 +87,8 @@ nlohmann::json Trainer::JobFingerprint() const {
   nlohmann::json j = {
       {"model.path", spec_.model.path}, {"data.train", spec_.data.train},
       {"data.max_seq_len", spec_.data.max_seq_len}, {"data.shuffle", spec_.data.shuffle},
+      {"data.format", spec_.data.format}, {"data.packing", spec_.data.packing},
+      {"data.train_on_prompt", spec_.data.train_on_prompt},
       {"training.micro_batch_size", t.micro_batch_size},
       {"training.gradient_accumulation_steps", t.gradient_accumulation_steps},
       {"training.seed", t.seed}, {"total_steps", total_steps_}, {"trainable_tensors", trainable_.size()},

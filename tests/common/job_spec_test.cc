@@ -54,9 +54,10 @@ adapter:
 data:
   train: data/train.jsonl
   eval: data/eval.jsonl
-  format: tokens
+  format: completion
   max_seq_len: 4096
   shuffle: false
+  train_on_prompt: true
 training:
   epochs: 2.5
   max_steps: 1000
@@ -102,9 +103,10 @@ device: cuda:1
   EXPECT_TRUE(adapter.use_rslora_set);
   EXPECT_EQ(spec->data.train, "/jobs/data/train.jsonl");
   EXPECT_EQ(spec->data.eval, "/jobs/data/eval.jsonl");
-  EXPECT_EQ(spec->data.format, "tokens");
+  EXPECT_EQ(spec->data.format, "completion");
   EXPECT_EQ(spec->data.max_seq_len, 4096);
   EXPECT_FALSE(spec->data.shuffle);
+  EXPECT_TRUE(spec->data.train_on_prompt);
   const JobSpec::Training& t = spec->training;
   EXPECT_EQ(t.epochs, 2.5);
   EXPECT_EQ(t.max_steps, 1000);
@@ -139,6 +141,7 @@ TEST(JobSpecTest, MinimalSpecGetsDefaults) {
   EXPECT_EQ(spec->data.format, "tokens");
   EXPECT_EQ(spec->data.max_seq_len, 2048);
   EXPECT_TRUE(spec->data.shuffle);
+  EXPECT_FALSE(spec->data.train_on_prompt);
   const JobSpec::Training& t = spec->training;
   EXPECT_EQ(t.epochs, 1.0);
   EXPECT_EQ(t.max_steps, 0);
@@ -396,9 +399,36 @@ TEST(JobSpecTest, BadEnumValueListsAllowedValues) {
                "allowed: auto, float32, bfloat16, float16"});
 }
 
-TEST(JobSpecTest, DataFormatIsTokensOnly) {
+TEST(JobSpecTest, DataFormatsAccepted) {
+  for (const char* format : {"auto", "tokens", "text", "completion"}) {
+    const StatusOr<JobSpec> spec =
+        Parse(std::string("model: {path: m}\ndata: {train: t, format: ") + format + "}\noutput: {dir: o}\n");
+    ASSERT_TRUE(spec.ok()) << format << ": " << spec.status().message();
+    EXPECT_EQ(spec->data.format, format);
+  }
+}
+
+TEST(JobSpecTest, DataFormatUnknownListsAllowed) {
+  ExpectError("model: {path: m}\ndata: {train: t, format: txt}\noutput: {dir: o}\n",
+              {"job.yaml:2:", "data.format: unknown value 'txt'", "allowed: auto, tokens, text, completion",
+               "did you mean 'text'?"});
+}
+
+TEST(JobSpecTest, DataFormatChatComesLater) {
   ExpectError("model: {path: m}\ndata: {train: t, format: chat}\noutput: {dir: o}\n",
-              {"job.yaml:2:", "data.format: unknown value 'chat'", "allowed: tokens"});
+              {"job.yaml:2:", "data.format: 'chat' is not supported yet", "later version"});
+}
+
+TEST(JobSpecTest, TrainOnPrompt) {
+  const StatusOr<JobSpec> spec =
+      Parse("model: {path: m}\ndata: {train: t, format: auto, train_on_prompt: yes}\noutput: {dir: o}\n");
+  ASSERT_TRUE(spec.ok()) << spec.status().message();
+  EXPECT_TRUE(spec->data.train_on_prompt);
+  ExpectError("model: {path: m}\ndata: {train: t, format: completion, train_on_prompt: sometimes}\noutput: {dir: o}\n",
+              {"job.yaml:2:", "data.train_on_prompt: expected true or false"});
+  // tokens data carries its own labels.
+  ExpectError("model: {path: m}\ndata:\n  train: t\n  train_on_prompt: true\noutput: {dir: o}\n",
+              {"job.yaml:4:", "data.train_on_prompt", "data.format tokens"});
 }
 
 TEST(JobSpecTest, AdapterTypeIsLoraOnly) {
@@ -586,6 +616,26 @@ TEST(JobSpecConflictTest, MergeWithoutAdapter) {
                                "job.yaml", "/");
   ASSERT_FALSE(spec.ok());
   EXPECT_NE(spec.status().message().find("job.yaml:5: output.merge"), std::string::npos) << spec.status().message();
+}
+
+}  // namespace
+}  // namespace trainerd
+
+namespace trainerd {
+namespace {
+
+TEST(JobSpecPackingTest, PackingIsABoolDefaultingToFalse) {
+  auto plain = ParseJobSpecText("model: {path: /m}\ndata: {train: /t.jsonl}\noutput: {dir: /o}\n", "job.yaml", "/");
+  ASSERT_TRUE(plain.ok());
+  EXPECT_FALSE(plain->data.packing);
+  auto packed = ParseJobSpecText("model: {path: /m}\ndata: {train: /t.jsonl, packing: true}\noutput: {dir: /o}\n",
+                                 "job.yaml", "/");
+  ASSERT_TRUE(packed.ok()) << packed.status().message();
+  EXPECT_TRUE(packed->data.packing);
+  auto wrong = ParseJobSpecText("model: {path: /m}\ndata:\n  train: /t.jsonl\n  packing: lots\noutput: {dir: /o}\n",
+                                "job.yaml", "/");
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_NE(wrong.status().message().find("job.yaml:4: data.packing"), std::string::npos) << wrong.status().message();
 }
 
 }  // namespace

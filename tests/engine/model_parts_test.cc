@@ -31,6 +31,21 @@ TEST(Attention, SdpaMatchesExplicitWithGroupedHeads) {
   EXPECT_FALSE(torch::allclose(c.narrow(2, 12, 1), a.narrow(2, 12, 1)));
 }
 
+TEST(Attention, PackedMaskMatchesExplicitAndKeepsExamplesApart) {
+  torch::manual_seed(1);
+  auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(TorchTestDevice());
+  torch::Tensor q = torch::randn({1, 4, 7, 8}, opts), k = torch::randn({1, 2, 7, 8}, opts);
+  torch::Tensor v = torch::randn({1, 2, 7, 8}, opts);
+  // Two packed examples of lengths 4 and 3.
+  torch::Tensor positions = torch::tensor({0, 1, 2, 3, 0, 1, 2}, torch::kInt64).view({1, 7}).to(q.device());
+  torch::Tensor mask = engine::PackedAttentionMask(positions);
+  torch::Tensor a = engine::CausalAttention(q, k, v, mask);
+  EXPECT_LE(RelativeError(a, engine::CausalAttentionExplicit(q, k, v, mask)), 1e-5);
+  // The second example alone gives the same outputs as inside the pack.
+  torch::Tensor alone = engine::CausalAttention(q.narrow(2, 4, 3), k.narrow(2, 4, 3), v.narrow(2, 4, 3));
+  EXPECT_LE(RelativeError(a.narrow(2, 4, 3), alone), 1e-5);
+}
+
 TEST(LoraInit, FollowsPeftDefaults) {
   auto config = engine::LoadModelConfig(Fixture("llama/model"));
   ASSERT_TRUE(config.ok());
