@@ -228,16 +228,7 @@ StatusOr<TokenDataset> LoadTextDataset(const std::string& path, const std::strin
     // The prompt never covers the final EOS, which is always trained.
     prompt_len = std::min(prompt_len, ex.labels.size() - 1);
     for (size_t i = 0; i < prompt_len; ++i) ex.labels[i] = kIgnoreIndex;
-    if (static_cast<int64_t>(ex.input_ids.size()) > max_seq_len) {
-      ex.input_ids.resize(max_seq_len);
-      ex.labels.resize(max_seq_len);
-      ++data.truncated;
-    }
-    if (ex.target_tokens() == 0) {
-      ++data.dropped;
-      continue;
-    }
-    data.examples.push_back(std::move(ex));
+    data.Add(std::move(ex), max_seq_len);
   }
   if (in.bad()) return Status::Error(path + ": read error");
   if (data.lines == 0) return Status::Error(path + ": the data file is empty");

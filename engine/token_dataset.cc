@@ -12,6 +12,19 @@ int64_t TokenExample::target_tokens() const {
   return n;
 }
 
+void TokenDataset::Add(TokenExample ex, int64_t max_seq_len) {
+  if (static_cast<int64_t>(ex.input_ids.size()) > max_seq_len) {
+    ex.input_ids.resize(max_seq_len);
+    ex.labels.resize(max_seq_len);
+    ++truncated;
+  }
+  if (ex.target_tokens() == 0) {
+    ++dropped;
+    return;
+  }
+  examples.push_back(std::move(ex));
+}
+
 namespace {
 
 Status ReadIds(const nlohmann::json& value, const std::string& where, const char* field, int64_t vocab_size,
@@ -79,16 +92,7 @@ StatusOr<TokenDataset> LoadTokenDataset(const std::string& path, int64_t vocab_s
     } else {
       ex.labels = ex.input_ids;
     }
-    if (static_cast<int64_t>(ex.input_ids.size()) > max_seq_len) {
-      ex.input_ids.resize(max_seq_len);
-      ex.labels.resize(max_seq_len);
-      ++data.truncated;
-    }
-    if (ex.target_tokens() == 0) {
-      ++data.dropped;
-      continue;
-    }
-    data.examples.push_back(std::move(ex));
+    data.Add(std::move(ex), max_seq_len);
   }
   if (in.bad()) return Status::Error(path + ": read error");
   if (data.lines == 0) return Status::Error(path + ": the data file is empty");

@@ -31,6 +31,10 @@ struct TokenDataset {
   int64_t lines = 0;      // non-blank lines read
   int64_t truncated = 0;  // examples cut to max_seq_len
   int64_t dropped = 0;    // examples with no target token left (after truncation)
+
+  // Adds one example: truncated to max_seq_len (counted), or dropped (counted)
+  // when nothing is left to train. Every data format goes through here.
+  void Add(TokenExample example, int64_t max_seq_len);
 };
 
 // Reads and validates a tokens file. Every id must be in [0, vocab_size) and
