@@ -2,11 +2,15 @@
 //
 //   trainerd-worker run JOB.yaml [--resume]
 //   trainerd-worker tokenize MODEL_DIR|tokenizer.json   (JSONL text in, JSONL ids out)
+//   trainerd-worker preview JOB.yaml [-n N]              (the data as it will be trained)
 //
 // Exit status: 0 the job succeeded; 1 it failed (one line on stderr says
 // why); 2 usage error; 75 stopped by SIGTERM/SIGINT after writing a checkpoint
 // (resume with --resume).
+#include <unistd.h>
+
 #include <csignal>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <iostream>
@@ -19,6 +23,7 @@
 #include "engine/engine.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "worker/console_reporter.h"
+#include "worker/preview.h"
 
 namespace {
 
@@ -33,11 +38,15 @@ void OnStopSignal(int) { g_stop.store(true); }
 const char kUsage[] =
     "usage: trainerd-worker run JOB.yaml [--resume]\n"
     "       trainerd-worker tokenize MODEL_DIR|tokenizer.json\n"
+    "       trainerd-worker preview JOB.yaml [-n N]\n"
     "\n"
     "  run JOB.yaml   run a fine-tuning or eval job in the foreground\n"
     "    --resume     continue from the newest checkpoint in output.dir/checkpoints\n"
     "  tokenize PATH  read JSONL {\"text\": ...} lines on stdin, write {\"ids\": [...]} lines\n"
     "                 on stdout, special tokens added as the tokenizer's post-processor says\n"
+    "  preview JOB.yaml  show the first N (default 3) training examples as they will be\n"
+    "                 trained (masked tokens dim, or inside [[ ]] off a terminal) and the\n"
+    "                 data's statistics\n"
     "\n"
     "SIGTERM or Ctrl-C finishes the current step, writes a checkpoint and exits with 75.\n"
     "Job files are documented in docs/job-spec.md.\n";
@@ -156,6 +165,45 @@ int main(int argc, char** argv) {
       return kExitUsage;
     }
     return Run(spec, resume);
+  }
+  if (args[0] == "preview") {
+    std::string spec_path;
+    int64_t n = 3;
+    for (size_t i = 1; i < args.size(); ++i) {
+      if ((args[i] == "-n" || args[i] == "--examples") && i + 1 < args.size()) {
+        char* end = nullptr;
+        n = std::strtoll(args[++i].c_str(), &end, 10);
+        if (*end != '\0' || n < 0) {
+          std::fprintf(stderr, "error: -n wants a count of examples, got '%s'\n\n%s", args[i].c_str(), kUsage);
+          return kExitUsage;
+        }
+      } else if (args[i] == "--help" || args[i] == "-h") {
+        std::fputs(kUsage, stdout);
+        return 0;
+      } else if (!args[i].empty() && args[i][0] != '-' && spec_path.empty()) {
+        spec_path = args[i];
+      } else {
+        std::fprintf(stderr, "error: unexpected argument '%s'\n\n%s", args[i].c_str(), kUsage);
+        return kExitUsage;
+      }
+    }
+    if (spec_path.empty()) {
+      std::fprintf(stderr, "error: preview needs a job file\n\n%s", kUsage);
+      return kExitUsage;
+    }
+    auto spec = trainerd::ParseJobSpecFile(spec_path);
+    if (!spec.ok()) {
+      std::fprintf(stderr, "error: %s\n", spec.status().message().c_str());
+      return kExitFailed;
+    }
+    trainerd::worker::PreviewStyle style;
+    style.color = isatty(STDOUT_FILENO) && std::getenv("NO_COLOR") == nullptr;
+    trainerd::Status s = trainerd::worker::RunPreview(*spec, n, style, std::cout);
+    if (!s.ok()) {
+      std::fprintf(stderr, "error: %s\n", s.message().c_str());
+      return kExitFailed;
+    }
+    return 0;
   }
   if (args[0] == "tokenize") {
     if (args.size() == 2 && (args[1] == "--help" || args[1] == "-h")) {
