@@ -1,4 +1,5 @@
 #include "engine/safetensors.h"
+#include "tests/temp_dir.h"
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
@@ -16,31 +17,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// A fresh folder under the system temp dir, removed with everything in it.
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "safetensors_test.XXXXXX").string();
-    path_ = ::mkdtemp(pattern.data()) ? pattern : "";
-  }
-  ~TempDir() {
-    std::error_code ec;
-    if (!path_.empty()) fs::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
-// Expects an error whose message contains every one of `parts`.
-void ExpectErrorContains(const Status& status, std::initializer_list<std::string> parts) {
-  ASSERT_FALSE(status.ok()) << "expected an error";
-  for (const std::string& part : parts) {
-    EXPECT_NE(status.message().find(part), std::string::npos)
-        << "message lacks \"" << part << "\": " << status.message();
-  }
-}
+using trainerd::testing::ExpectErrorContains;
+using trainerd::testing::TempDir;
 
 std::vector<std::string> FolderEntries(const std::string& folder) {
   std::vector<std::string> names;

@@ -16,6 +16,7 @@
 #include "common/job_spec.h"
 #include "engine/durable_files.h"
 #include "engine/engine.h"
+#include "tests/temp_dir.h"
 
 namespace trainerd::testing {
 
@@ -23,24 +24,6 @@ namespace fs = std::filesystem;
 
 inline std::string Fixture(const std::string& rel) { return std::string(TRAINERD_FIXTURES) + "/" + rel; }
 
-// A fresh folder removed when the object dies.
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "trainerd-test-XXXXXX").string();
-    std::vector<char> buf(tmpl.begin(), tmpl.end());
-    buf.push_back('\0');
-    path_ = ::mkdtemp(buf.data());
-  }
-  ~TempDir() {
-    (void)engine::RemoveTree(path_);
-  }
-  const std::string& path() const { return path_; }
-  std::string operator/(const std::string& rel) const { return (fs::path(path_) / rel).string(); }
-
- private:
-  std::string path_;
-};
 
 // The device and dtype the suite runs on: TRAINERD_TEST_DEVICE (cpu | cuda)
 // and TRAINERD_TEST_DTYPE (float32 | bfloat16); cpu/float32 by default.

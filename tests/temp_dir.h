@@ -1,0 +1,48 @@
+// Test helpers shared by every test binary: a temporary folder and an error
+// check. Torch-free; needs trainerd_engine_io (engine::RemoveTree, which also
+// works in torch-linked binaries where std::filesystem::remove_all crashes).
+#pragma once
+
+#include <stdlib.h>
+
+#include <filesystem>
+#include <initializer_list>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "common/status.h"
+#include "engine/durable_files.h"
+
+namespace trainerd::testing {
+
+// A fresh folder under the system temp dir, removed with everything in it.
+class TempDir {
+ public:
+  TempDir() {
+    std::string pattern = (std::filesystem::temp_directory_path() / "trainerd-test.XXXXXX").string();
+    path_ = ::mkdtemp(pattern.data()) ? pattern : "";
+  }
+  ~TempDir() {
+    if (!path_.empty()) (void)engine::RemoveTree(path_);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+
+  const std::string& path() const { return path_; }
+  std::string operator/(const std::string& rel) const { return (std::filesystem::path(path_) / rel).string(); }
+
+ private:
+  std::string path_;
+};
+
+// Expects an error whose message contains every one of `parts`.
+inline void ExpectErrorContains(const Status& status, std::initializer_list<std::string> parts) {
+  ASSERT_FALSE(status.ok()) << "expected an error";
+  for (const std::string& part : parts) {
+    EXPECT_NE(status.message().find(part), std::string::npos)
+        << "message lacks \"" << part << "\": " << status.message();
+  }
+}
+
+}  // namespace trainerd::testing
