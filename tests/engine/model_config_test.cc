@@ -1,4 +1,5 @@
 #include "engine/model_config.h"
+#include "tests/temp_dir.h"
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
@@ -143,29 +144,9 @@ json MinimalLlama() {
               {"num_hidden_layers", 2}, {"num_attention_heads", 8}, {"vocab_size", 1000}};
 }
 
-void ExpectErrorContains(const Status& status, std::initializer_list<std::string> parts) {
-  ASSERT_FALSE(status.ok()) << "expected an error";
-  for (const std::string& part : parts) {
-    EXPECT_NE(status.message().find(part), std::string::npos)
-        << "message lacks \"" << part << "\": " << status.message();
-  }
-}
+using trainerd::testing::ExpectErrorContains;
 
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "model_config_test.XXXXXX").string();
-    path_ = ::mkdtemp(pattern.data()) ? pattern : "";
-  }
-  ~TempDir() {
-    std::error_code ec;
-    if (!path_.empty()) fs::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using trainerd::testing::TempDir;
 
 class ModelConfigTest : public ::testing::Test {
  protected:

@@ -25,6 +25,7 @@
 #include <nlohmann/json.hpp>
 
 #include "worker/console_reporter.h"
+#include "tests/temp_dir.h"
 
 namespace trainerd::worker {
 namespace {
@@ -45,22 +46,7 @@ constexpr int kExitStopped = 75;
 // Longest a single worker run may take before the test kills it.
 constexpr auto kRunTimeout = std::chrono::seconds(60);
 
-// A fresh folder under the system temp dir, removed with everything in it.
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "worker_cli_test.XXXXXX").string();
-    path_ = ::mkdtemp(pattern.data()) ? pattern : "";
-  }
-  ~TempDir() {
-    std::error_code ec;
-    if (!path_.empty()) fs::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using trainerd::testing::TempDir;
 
 std::string ReadAll(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
