@@ -90,31 +90,31 @@ def with_byte_tokens(tok):
     return Tokenizer.from_str(json.dumps(j))
 
 
-def sentencepiece(texts):
-    tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
-    tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
-    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
-                                     decoders.Strip(" ", 1, 0)])
-    specials = ["<s>", "</s>", "<unk>"]
+def train_byte_fallback(tok, texts):
+    """Trains a byte-fallback BPE `tok` (normalizer/pre-tokenizer/decoder set) the
+    way both SentencePiece-style tokenizers here are made: <unk>, <s>, </s>, then
+    the <0xXX> byte tokens, and a <s> BOS template."""
     tok.train_from_iterator([t[:200] for t in texts[:30000]], trainers.BpeTrainer(
         vocab_size=2000, special_tokens=["<unk>", "<s>", "</s>"], show_progress=False))
     tok = with_byte_tokens(tok)
     tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B",
                                                        special_tokens=[("<s>", tok.token_to_id("<s>"))])
-    return tok, specials
+    return tok, ["<s>", "</s>", "<unk>"]
+
+
+def sentencepiece(texts):
+    tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(" ", 1, 0)])
+    return train_byte_fallback(tok, texts)
 
 
 def metaspace(texts):
     tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
     tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=False)
     tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="first", split=False)
-    specials = ["<s>", "</s>", "<unk>"]
-    tok.train_from_iterator([t[:200] for t in texts[:30000]], trainers.BpeTrainer(
-        vocab_size=2000, special_tokens=["<unk>", "<s>", "</s>"], show_progress=False))
-    tok = with_byte_tokens(tok)
-    tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B",
-                                                       special_tokens=[("<s>", tok.token_to_id("<s>"))])
-    return tok, specials
+    return train_byte_fallback(tok, texts)
 
 
 def main():
