@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <charconv>
 #include <cstring>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -261,13 +262,14 @@ Status SetNumber(const Value& v, Range range, double* out) {
   return Status::Ok();
 }
 
-// data.format; "chat" is named but not there yet (chat templates come later).
 Status SetDataFormat(const Value& v, std::string* out) {
-  if (v.node().IsScalar() && v.node().Scalar() == "chat") {
-    return v.Error("'chat' is not supported yet: chat datasets (messages, conversations) come with a later "
-                   "version; use text, completion or tokens");
-  }
-  return SetString(v, {"auto", "tokens", "text", "completion"}, out);
+  return SetString(v, {"auto", "tokens", "text", "completion", "chat"}, out);
+}
+
+Status SetChatTemplate(const Value& v, std::string* out) {
+  std::vector<std::string> allowed = {"auto"};
+  for (const std::string& name : BuiltinChatTemplateNames()) allowed.push_back(name);
+  return SetString(v, allowed, out);
 }
 
 Status SetDevice(const Value& v, std::string* out) {
@@ -392,6 +394,9 @@ const std::vector<Field>& Fields() {
       {"data.packing", [](const Value& v, JobSpec* s) { return SetBool(v, &s->data.packing); }},
       {"data.train_on_prompt",
        [](const Value& v, JobSpec* s) { return SetBool(v, &s->data.train_on_prompt); }},
+      {"data.chat_template", [](const Value& v, JobSpec* s) { return SetChatTemplate(v, &s->data.chat_template); }},
+      {"data.cache", [](const Value& v, JobSpec* s) { return SetBool(v, &s->data.cache); }},
+      {"data.cache_dir", [](const Value& v, JobSpec* s) { return SetPath(v, s->base_dir, &s->data.cache_dir); }},
       {"training.epochs",
        [](const Value& v, JobSpec* s) {
          return SetNumber(v, Range::kPositive, &s->training.epochs);
@@ -665,7 +670,11 @@ class SpecParser {
     }
     if (spec_.data.train_on_prompt && spec_.data.format == "tokens") {
       return Conflict("data.train_on_prompt", "has no effect on data.format tokens, whose labels say what is "
-                      "trained; remove it, or set data.format to completion or auto");
+                      "trained; remove it, or set data.format to completion, chat or auto");
+    }
+    if (spec_.data.chat_template != "auto" && spec_.data.format != "chat" && spec_.data.format != "auto") {
+      return Conflict("data.chat_template", "only applies to chat data; set data.format to chat or auto, or "
+                      "remove data.chat_template");
     }
     if (spec_.output.merge && !spec_.adapter) {
       return Conflict("output.merge", "merges an adapter into the model, but the job has no adapter (full "
@@ -687,6 +696,16 @@ class SpecParser {
 };
 
 }  // namespace
+
+std::string DefaultDataCacheDir() {
+  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg && xdg[0] == '/') {
+    return (fs::path(xdg) / "trainerd" / "datasets").string();
+  }
+  if (const char* home = std::getenv("HOME"); home && *home) {
+    return (fs::path(home) / ".cache" / "trainerd" / "datasets").string();
+  }
+  return "";
+}
 
 StatusOr<JobSpec> ParseJobSpecText(const std::string& text, const std::string& source,
                                    const std::string& base_dir) {

@@ -26,6 +26,19 @@ namespace trainerd {
 
 // The linear layers of a Llama decoder layer that LoRA can adapt, in the order
 // "all-linear" expands to.
+// The chat templates built into the engine (engine/chat_template.h renders
+// them); data.chat_template is one of these or "auto".
+inline const std::vector<std::string>& BuiltinChatTemplateNames() {
+  static const std::vector<std::string> names = {"llama3",  "chatml",       "qwen2", "qwen2.5",
+                                                 "mistral", "mistral-v0.1", "llama2"};
+  return names;
+}
+
+// The tokenized-data cache folder when data.cache_dir is not set:
+// $XDG_CACHE_HOME/trainerd/datasets, else ~/.cache/trainerd/datasets; empty
+// (no cache) when neither variable is set.
+std::string DefaultDataCacheDir();
+
 inline const std::vector<std::string>& AllLinearModules() {
   static const std::vector<std::string> kModules = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
                                                     "gate_proj", "up_proj", "down_proj"};
@@ -65,10 +78,13 @@ struct JobSpec {
   struct Data {
     std::string train;              // required by task finetune
     std::string eval;               // required by task eval; optional for finetune
-    std::string format = "tokens";  // auto | tokens | text | completion
+    std::string format = "tokens";  // auto | tokens | text | completion | chat
+    std::string chat_template = "auto";  // auto (the model's) or a BuiltinChatTemplateNames() entry
     int64_t max_seq_len = 2048;     // >= 2; longer examples are truncated
     bool shuffle = true;
-    bool train_on_prompt = false;  // completion data: train the prompt's tokens too
+    bool train_on_prompt = false;  // completion/chat data: train the prompt's tokens too
+    bool cache = true;             // keep the tokenized data in cache_dir
+    std::string cache_dir = DefaultDataCacheDir();
     bool packing = false;  // several examples per sequence, attention and positions reset at each
   } data;
 

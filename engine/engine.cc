@@ -132,8 +132,8 @@ Status WriteOutputFolder(const std::string& final_path, Fill fill) {
 
 StatusOr<RunResult> RunEval(const JobSpec& spec, const Placement& place, Reporter& reporter) {
   TRAINERD_ASSIGN_OR_RETURN(LoadedModel m, LoadModel(spec, place));
-  DatasetLoader data(spec.model.path, spec.data.format, m.config.vocab_size, spec.data.max_seq_len,
-                     spec.data.train_on_prompt);
+  DatasetLoader data(DataOptionsFor(spec, m.config.vocab_size),
+                     [&reporter](const std::string& note) { reporter.OnMessage(note); });
   TRAINERD_ASSIGN_OR_RETURN(TokenDataset eval, data.Load(spec.data.eval));
   RunInfo info;
   info.device = DeviceName(place.device);
@@ -164,8 +164,8 @@ StatusOr<RunResult> RunFinetune(const JobSpec& spec, const RunOptions& options, 
                                 Reporter& reporter) {
   TRAINERD_ASSIGN_OR_RETURN(LoadedModel m, LoadModel(spec, place));
   // data.format picks tokens or a text format (tokenized with model.path's tokenizer.json).
-  DatasetLoader data(spec.model.path, spec.data.format, m.config.vocab_size, spec.data.max_seq_len,
-                     spec.data.train_on_prompt);
+  DatasetLoader data(DataOptionsFor(spec, m.config.vocab_size),
+                     [&reporter](const std::string& note) { reporter.OnMessage(note); });
   TRAINERD_ASSIGN_OR_RETURN(TokenDataset train, data.Load(spec.data.train));
   std::optional<TokenDataset> eval;
   if (!spec.data.eval.empty()) {

@@ -1,8 +1,11 @@
 #include "engine/token_dataset.h"
 
-#include <fstream>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
+
+#include "engine/jsonl.h"
 
 namespace trainerd::engine {
 
@@ -52,49 +55,49 @@ Status ReadIds(const nlohmann::json& value, const std::string& where, const char
   return Status::Ok();
 }
 
+// One tokens line → one example added to `data`.
+Status AddLine(const JsonlLine& line, const std::string& path, int64_t vocab_size, int64_t max_seq_len,
+               TokenDataset* data) {
+  ++data->lines;
+  const std::string where = Where(path, line.number);
+  TRAINERD_ASSIGN_OR_RETURN(nlohmann::json j, ParseObjectLine(line.text, where));
+  if (!j.contains("input_ids")) {
+    return Status::Error(where + ": missing \"input_ids\" (data.format tokens wants {\"input_ids\": [...]})");
+  }
+  for (const auto& [key, _] : j.items()) {
+    if (key != "input_ids" && key != "labels") {
+      return Status::Error(where + ": unknown field \"" + key + "\" (tokens lines hold input_ids and labels)");
+    }
+  }
+  TokenExample ex;
+  TRAINERD_RETURN_IF_ERROR(ReadIds(j["input_ids"], where, "input_ids", vocab_size, false, ex.input_ids));
+  if (ex.input_ids.empty()) return Status::Error(where + ": input_ids is empty");
+  if (j.contains("labels")) {
+    TRAINERD_RETURN_IF_ERROR(ReadIds(j["labels"], where, "labels", vocab_size, true, ex.labels));
+    if (ex.labels.size() != ex.input_ids.size()) {
+      return Status::Error(where + ": labels has " + std::to_string(ex.labels.size()) +
+                           " entries but input_ids has " + std::to_string(ex.input_ids.size()));
+    }
+  } else {
+    ex.labels = ex.input_ids;
+  }
+  data->Add(std::move(ex), max_seq_len);
+  return Status::Ok();
+}
+
 }  // namespace
 
 StatusOr<TokenDataset> LoadTokenDataset(const std::string& path, int64_t vocab_size, int64_t max_seq_len) {
-  std::ifstream in(path);
-  if (!in) return Status::Error(path + ": cannot open the data file");
+  JsonlReader reader(path);
+  TRAINERD_RETURN_IF_ERROR(reader.Open());
   TokenDataset data;
-  std::string line;
-  int64_t line_no = 0;
-  while (std::getline(in, line)) {
-    ++line_no;
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    ++data.lines;
-    const std::string where = path + ":" + std::to_string(line_no);
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::parse_error& e) {
-      return Status::Error(where + ": not valid JSON (" + std::string(e.what()) + ")");
+  for (;;) {
+    TRAINERD_ASSIGN_OR_RETURN(std::vector<JsonlLine> block, reader.NextBlock(size_t{64} << 20));
+    if (block.empty()) break;
+    for (const JsonlLine& line : block) {
+      TRAINERD_RETURN_IF_ERROR(AddLine(line, path, vocab_size, max_seq_len, &data));
     }
-    if (!j.is_object()) return Status::Error(where + ": expected a JSON object with \"input_ids\"");
-    if (!j.contains("input_ids")) {
-      return Status::Error(where + ": missing \"input_ids\" (data.format tokens wants {\"input_ids\": [...]})");
-    }
-    for (const auto& [key, _] : j.items()) {
-      if (key != "input_ids" && key != "labels") {
-        return Status::Error(where + ": unknown field \"" + key + "\" (tokens lines hold input_ids and labels)");
-      }
-    }
-    TokenExample ex;
-    TRAINERD_RETURN_IF_ERROR(ReadIds(j["input_ids"], where, "input_ids", vocab_size, false, ex.input_ids));
-    if (ex.input_ids.empty()) return Status::Error(where + ": input_ids is empty");
-    if (j.contains("labels")) {
-      TRAINERD_RETURN_IF_ERROR(ReadIds(j["labels"], where, "labels", vocab_size, true, ex.labels));
-      if (ex.labels.size() != ex.input_ids.size()) {
-        return Status::Error(where + ": labels has " + std::to_string(ex.labels.size()) +
-                             " entries but input_ids has " + std::to_string(ex.input_ids.size()));
-      }
-    } else {
-      ex.labels = ex.input_ids;
-    }
-    data.Add(std::move(ex), max_seq_len);
   }
-  if (in.bad()) return Status::Error(path + ": read error");
   if (data.lines == 0) return Status::Error(path + ": the data file is empty");
   if (data.examples.empty()) {
     return Status::Error(path + ": all " + std::to_string(data.dropped) +

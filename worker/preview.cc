@@ -49,8 +49,8 @@ std::string RenderExample(const engine::TokenExample& ex, const engine::tokenize
 Status RunPreview(const JobSpec& spec, int64_t n, const PreviewStyle& style, std::ostream& out) {
   TRAINERD_ASSIGN_OR_RETURN(engine::ModelConfig config, engine::LoadModelConfig(spec.model.path));
   const std::string& data_path = spec.task == "eval" ? spec.data.eval : spec.data.train;
-  engine::DatasetLoader loader(spec.model.path, spec.data.format, config.vocab_size, spec.data.max_seq_len,
-                               spec.data.train_on_prompt);
+  engine::DatasetLoader loader(engine::DataOptionsFor(spec, config.vocab_size),
+                               [&out](const std::string& note) { out << note << "\n"; });
   TRAINERD_ASSIGN_OR_RETURN(engine::TokenDataset data, loader.Load(data_path));
   const size_t examples = data.examples.size();
   if (spec.data.packing) data = engine::PackExamples(data, spec.data.max_seq_len);

@@ -91,11 +91,28 @@ Status Tokenizer::EncodePiece(std::string text, bool at_text_start, std::vector<
   return Status::Ok();
 }
 
+Status Tokenizer::EncodeRun(std::string_view run, bool at_text_start, std::vector<int32_t>* ids) const {
+  std::string piece(run);
+  if (normalizer_) TRAINERD_RETURN_IF_ERROR(normalizer_->Normalize(&piece));
+  std::vector<TextSegment> segments;
+  added_.Segment(piece, /*normalized_tokens=*/true, &segments);
+  for (const TextSegment& segment : segments) {
+    if (segment.start == segment.end) continue;
+    if (segment.id >= 0) {
+      ids->push_back(segment.id);
+      continue;
+    }
+    TRAINERD_RETURN_IF_ERROR(EncodePiece(piece.substr(segment.start, segment.end - segment.start),
+                                         at_text_start && segment.start == 0, ids));
+  }
+  return Status::Ok();
+}
+
 StatusOr<std::vector<int32_t>> Tokenizer::Encode(std::string_view text, bool add_special_tokens) const {
   if (size_t bad = FindInvalidUtf8(text); bad != std::string_view::npos)
     return Status::Error("text is not valid UTF-8 at byte offset " + std::to_string(bad));
   std::vector<int32_t> ids;
-  std::vector<TextSegment> raw_segments, normalized_segments;
+  std::vector<TextSegment> raw_segments;
   added_.Segment(text, /*normalized_tokens=*/false, &raw_segments);
   for (const TextSegment& raw : raw_segments) {
     if (raw.start == raw.end) continue;
@@ -103,20 +120,45 @@ StatusOr<std::vector<int32_t>> Tokenizer::Encode(std::string_view text, bool add
       ids.push_back(raw.id);
       continue;
     }
-    std::string piece(text.substr(raw.start, raw.end - raw.start));
-    if (normalizer_) TRAINERD_RETURN_IF_ERROR(normalizer_->Normalize(&piece));
-    added_.Segment(piece, /*normalized_tokens=*/true, &normalized_segments);
-    for (const TextSegment& segment : normalized_segments) {
-      if (segment.start == segment.end) continue;
-      if (segment.id >= 0) {
-        ids.push_back(segment.id);
-        continue;
-      }
-      TRAINERD_RETURN_IF_ERROR(EncodePiece(piece.substr(segment.start, segment.end - segment.start),
-                                           raw.start == 0 && segment.start == 0, &ids));
-    }
+    TRAINERD_RETURN_IF_ERROR(EncodeRun(text.substr(raw.start, raw.end - raw.start), raw.start == 0, &ids));
   }
   if (post_processor_) post_processor_->Process(&ids, add_special_tokens);
+  return ids;
+}
+
+StatusOr<std::vector<int32_t>> Tokenizer::EncodeWithCuts(std::string_view text, const std::vector<size_t>& cuts,
+                                                         std::vector<size_t>* cut_tokens) const {
+  if (size_t bad = FindInvalidUtf8(text); bad != std::string_view::npos)
+    return Status::Error("text is not valid UTF-8 at byte offset " + std::to_string(bad));
+  std::vector<int32_t> ids;
+  std::vector<TextSegment> raw_segments;
+  added_.Segment(text, /*normalized_tokens=*/false, &raw_segments);
+  cut_tokens->assign(cuts.size(), 0);
+  size_t next_cut = 0;
+  std::vector<int32_t> prefix_ids;
+  for (const TextSegment& raw : raw_segments) {
+    if (raw.start == raw.end) continue;
+    const size_t first_id = ids.size();
+    if (raw.id >= 0) {
+      ids.push_back(raw.id);
+    } else {
+      TRAINERD_RETURN_IF_ERROR(EncodeRun(text.substr(raw.start, raw.end - raw.start), raw.start == 0, &ids));
+    }
+    for (; next_cut < cuts.size() && cuts[next_cut] < raw.end; ++next_cut) {
+      const size_t cut = cuts[next_cut];
+      size_t index = first_id;
+      if (cut > raw.start && raw.id < 0) {
+        prefix_ids.clear();
+        TRAINERD_RETURN_IF_ERROR(EncodeRun(text.substr(raw.start, cut - raw.start), raw.start == 0, &prefix_ids));
+        size_t same = 0;
+        while (first_id + same < ids.size() && same < prefix_ids.size() && ids[first_id + same] == prefix_ids[same])
+          ++same;
+        index = std::min(first_id + same, ids.size());
+      }
+      (*cut_tokens)[next_cut] = index;
+    }
+  }
+  for (; next_cut < cuts.size(); ++next_cut) (*cut_tokens)[next_cut] = ids.size();
   return ids;
 }
 

@@ -40,6 +40,17 @@ class Tokenizer {
   // Thread-safe.
   StatusOr<std::vector<int32_t>> Encode(std::string_view text, bool add_special_tokens = true) const;
 
+  // Ids of `text` without the post-processor's special tokens (how
+  // apply_chat_template tokenizes a rendered conversation), and for each byte
+  // offset in `cuts` (ascending, each <= text.size()) in *cut_tokens the index
+  // of the first token at or after it: the token that holds the byte at the
+  // offset (Hugging Face's char_to_token) or, at the end, ids.size(). Where a
+  // cut falls inside a run of text between added tokens, that run's ids are
+  // compared with the ids of the run cut at the offset: the first id where they
+  // differ is the token that holds the offset. Thread-safe.
+  StatusOr<std::vector<int32_t>> EncodeWithCuts(std::string_view text, const std::vector<size_t>& cuts,
+                                                std::vector<size_t>* cut_tokens) const;
+
   // Text of `ids`; ids no token has are skipped, special added tokens too
   // when skip_special_tokens. Thread-safe.
   std::string Decode(const std::vector<int32_t>& ids, bool skip_special_tokens = false) const;
@@ -53,6 +64,9 @@ class Tokenizer {
  private:
   Tokenizer() = default;
   Status EncodePiece(std::string text, bool at_text_start, std::vector<int32_t>* ids) const;
+  // Ids of one run of raw text between added tokens: normalized, cut at the
+  // normalized added tokens, pre-tokenized and BPE-encoded.
+  Status EncodeRun(std::string_view run, bool at_text_start, std::vector<int32_t>* ids) const;
 
   std::unique_ptr<Normalizer> normalizer_;
   std::unique_ptr<PreTokenizer> pre_tokenizer_;

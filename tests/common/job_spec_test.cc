@@ -414,9 +414,27 @@ TEST(JobSpecTest, DataFormatUnknownListsAllowed) {
                "did you mean 'text'?"});
 }
 
-TEST(JobSpecTest, DataFormatChatComesLater) {
-  ExpectError("model: {path: m}\ndata: {train: t, format: chat}\noutput: {dir: o}\n",
-              {"job.yaml:2:", "data.format: 'chat' is not supported yet", "later version"});
+TEST(JobSpecTest, ChatFormatAndTemplate) {
+  auto spec = ParseJobSpecText("model: {path: m}\ndata: {train: t, format: chat, chat_template: qwen2.5}\n"
+                               "output: {dir: o}\n", "job.yaml", "/base");
+  ASSERT_TRUE(spec.ok()) << spec.status().message();
+  EXPECT_EQ(spec->data.format, "chat");
+  EXPECT_EQ(spec->data.chat_template, "qwen2.5");
+  ExpectError("model: {path: m}\ndata: {train: t, format: chat, chat_template: vicuna}\noutput: {dir: o}\n",
+              {"job.yaml:2:", "data.chat_template: unknown value 'vicuna'", "auto, llama3, chatml"});
+  ExpectError("model: {path: m}\ndata: {train: t, format: text,\n  chat_template: llama3}\noutput: {dir: o}\n",
+              {"job.yaml:3:", "data.chat_template: only applies to chat data"});
+}
+
+TEST(JobSpecTest, DataCache) {
+  auto spec = ParseJobSpecText("model: {path: m}\ndata: {train: t, cache_dir: c}\noutput: {dir: o}\n", "job.yaml",
+                               "/base");
+  ASSERT_TRUE(spec.ok()) << spec.status().message();
+  EXPECT_EQ(spec->data.cache_dir, "/base/c");
+  EXPECT_TRUE(spec->data.cache);
+  spec = ParseJobSpecText("model: {path: m}\ndata: {train: t, cache: false}\noutput: {dir: o}\n", "job.yaml", "/b");
+  ASSERT_TRUE(spec.ok());
+  EXPECT_FALSE(spec->data.cache);
 }
 
 TEST(JobSpecTest, TrainOnPrompt) {

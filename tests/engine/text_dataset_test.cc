@@ -59,7 +59,13 @@ class TextDatasetTest : public ::testing::Test {
   StatusOr<TokenDataset> Load(const std::string& format, const std::string& text, int64_t max_seq_len = 2048,
                               bool train_on_prompt = false) {
     path_ = Data(text);
-    DatasetLoader loader(model_, format, kVocab, max_seq_len, train_on_prompt);
+    DataOptions options;
+    options.model_dir = model_;
+    options.format = format;
+    options.vocab_size = kVocab;
+    options.max_seq_len = max_seq_len;
+    options.train_on_prompt = train_on_prompt;
+    DatasetLoader loader(options);
     return loader.Load(path_);
   }
 
@@ -160,11 +166,9 @@ TEST_F(TextDatasetTest, AutoDetectsTheFormat) {
   EXPECT_EQ(*format, "text");
 }
 
-TEST_F(TextDatasetTest, AutoRefusesChatAndUnknownShapes) {
-  ExpectErrorContains(Load("auto", "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}\n").status(),
-                      {path_ + ":1:", "chat datasets come with a later version"});
-  ExpectErrorContains(Load("auto", "\n{\"conversations\": [{\"from\": \"human\", \"value\": \"hi\"}]}\n").status(),
-                      {path_ + ":2:", "chat datasets come with a later version"});
+TEST_F(TextDatasetTest, AutoDetectsChatAndRefusesUnknownShapes) {
+  EXPECT_EQ(*DetectDataFormat(Data("{\"messages\": []}\n")), "chat");
+  EXPECT_EQ(*DetectDataFormat(Data("\n{\"conversations\": []}\n")), "chat");
   ExpectErrorContains(Load("auto", "{\"prompt\": \"hello\"}\n").status(),
                       {path_ + ":1:", "cannot tell the data format", "prompt"});
   ExpectErrorContains(Load("auto", "{\"text\": \n").status(), {path_ + ":1:", "not valid JSON"});
@@ -215,7 +219,12 @@ TEST_F(TextDatasetTest, MissingTokenizerIsAnErrorSayingSo) {
 TEST_F(TextDatasetTest, IdsOutsideTheModelVocabularyAreAnError) {
   auto tok = Tok();
   ASSERT_TRUE(tok);
-  auto data = LoadTextDataset(Data("{\"text\": \"hello\"}\n"), "text", *tok, 10, 262, 2048, false);
+  EncoderSetup setup;
+  setup.format = "text";
+  setup.tokenizer = tok.get();
+  setup.eos_id = 10;
+  setup.vocab_size = 262;
+  auto data = LoadTextDataset(Data("{\"text\": \"hello\"}\n"), ExampleEncoder(setup), 2048, 2);
   ExpectErrorContains(data.status(), {":1:", "id 264", "outside the model's vocabulary [0, 262)"});
 }
 

@@ -13,20 +13,14 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/tokenizer/tokenizer.h"
+#include "tests/read_jsonl.h"
 
 namespace trainerd::engine::tokenizer {
 namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
-
-std::vector<json> ReadJsonl(const fs::path& path) {
-  std::vector<json> lines;
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line)) lines.push_back(json::parse(line));
-  return lines;
-}
+using trainerd::testing::ReadJsonl;
 
 TEST(TokenizerParityTest, MatchesHuggingFaceOnEveryFixture) {
   const fs::path root = fs::path(TRAINERD_FIXTURES) / "tokenizers";
