@@ -7,18 +7,14 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/gpu-check}
 mkdir -p "$out"
-R=$PWD/.devroot
-if [ -d "$R" ]; then
-  export PKG_CONFIG_PATH=$R/usr/lib/x86_64-linux-gnu/pkgconfig:$R/usr/share/pkgconfig PKG_CONFIG_SYSROOT_DIR=$R
-  export LD_LIBRARY_PATH=$R/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-fi
+. scripts/gpu-env.sh
 b=/tmp/b
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python3 -c 'import torch,transformers,peft;print("torch",torch.__version__,"transformers",transformers.__version__,"peft",peft.__version__)'
 } 2>&1 | tee "$out/versions.txt"
 cmake -S . -B $b -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
-  -DCMAKE_PREFIX_PATH="$(python3 -c 'import torch;print(torch.utils.cmake_prefix_path)');$R/usr" \
+  -DCMAKE_PREFIX_PATH="$TORCH_PREFIX;$R/usr" \
   > "$out/build.log" 2>&1 && cmake --build $b -j16 -- -k 0 >> "$out/build.log" 2>&1
 rc=$?; echo "build rc $rc"; grep -E 'error|FAILED' "$out/build.log" | head -20; tail -3 "$out/build.log"
 echo "== ctest (CPU)"; ctest --test-dir $b -j8 --output-on-failure > "$out/ctest.log" 2>&1; echo "ctest rc $?"; tail -5 "$out/ctest.log"

@@ -1,18 +1,20 @@
 // trainerd-worker: runs one job in the foreground.
 //
 //   trainerd-worker run JOB.yaml [--resume]
-//   trainerd-worker tokenize MODEL_DIR|tokenizer.json   (JSONL text in, JSONL ids out)
-//   trainerd-worker preview JOB.yaml [-n N]              (the data as it will be trained)
+//   trainerd-worker tokenize MODEL_DIR|tokenizer.json [--threads N]  (JSONL text in, JSONL ids out)
+//   trainerd-worker preview JOB.yaml [-n N]         (the data as it will be trained)
 //
 // Exit status: 0 the job succeeded; 1 it failed (one line on stderr says
 // why); 2 usage error; 75 stopped by SIGTERM/SIGINT after writing a checkpoint
 // (resume with --resume).
 #include <unistd.h>
 
+#include <charconv>
 #include <csignal>
 #include <cstdlib>
 #include <cstdio>
 #include <cstring>
+#include <future>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -21,6 +23,7 @@
 
 #include "common/job_spec.h"
 #include "engine/engine.h"
+#include "engine/parallel_map.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "worker/console_reporter.h"
 #include "worker/preview.h"
@@ -37,13 +40,14 @@ void OnStopSignal(int) { g_stop.store(true); }
 
 const char kUsage[] =
     "usage: trainerd-worker run JOB.yaml [--resume]\n"
-    "       trainerd-worker tokenize MODEL_DIR|tokenizer.json\n"
+    "       trainerd-worker tokenize MODEL_DIR|tokenizer.json [--threads N]\n"
     "       trainerd-worker preview JOB.yaml [-n N]\n"
     "\n"
     "  run JOB.yaml   run a fine-tuning or eval job in the foreground\n"
     "    --resume     continue from the newest checkpoint in output.dir/checkpoints\n"
     "  tokenize PATH  read JSONL {\"text\": ...} lines on stdin, write {\"ids\": [...]} lines\n"
     "                 on stdout, special tokens added as the tokenizer's post-processor says\n"
+    "    --threads N  encode on N threads (default: all cores); the output is the same for any N\n"
     "  preview JOB.yaml  show the first N (default 3) training examples as they will be\n"
     "                 trained (masked tokens dim, or inside [[ ]] off a terminal) and the\n"
     "                 data's statistics\n"
@@ -87,45 +91,116 @@ int Run(const std::string& spec_path, bool resume) {
   return 0;
 }
 
-// Streams JSONL texts from stdin to JSONL ids on stdout; the first bad line
-// (`<stdin>:LINE: ...`) ends it with exit status 1.
-int Tokenize(const std::string& tokenizer_path) {
+// One input line's result: its output line ({"ids": [...]}\n), or why it failed.
+struct EncodedLine {
+  bool ok = false;
+  std::string text;
+};
+
+EncodedLine EncodeLine(const trainerd::engine::tokenizer::Tokenizer& tokenizer, const std::string& line) {
+  EncodedLine result;
+  nlohmann::json record;
+  try {
+    record = nlohmann::json::parse(line);
+  } catch (const nlohmann::json::exception& e) {
+    result.text = std::string("malformed JSON: ") + e.what();
+    return result;
+  }
+  if (!record.is_object()) {
+    result.text = "expected a JSON object {\"text\": ...}";
+    return result;
+  }
+  auto text = record.find("text");
+  if (text == record.end()) {
+    result.text = "missing \"text\"";
+    return result;
+  }
+  if (!text->is_string()) {
+    result.text = "\"text\" must be a string, got " + std::string(text->type_name());
+    return result;
+  }
+  auto ids = tokenizer.Encode(text->get_ref<const std::string&>());
+  if (!ids.ok()) {
+    result.text = ids.status().message();
+    return result;
+  }
+  std::string& out = result.text;
+  out.reserve(12 + ids->size() * 8);
+  out.assign("{\"ids\": [");
+  char number[16];
+  for (size_t i = 0; i < ids->size(); ++i) {
+    if (i > 0) out += ", ";
+    auto [end, ec] = std::to_chars(number, number + sizeof(number), (*ids)[i]);
+    out.append(number, end);
+  }
+  out += "]}\n";
+  result.ok = true;
+  return result;
+}
+
+// Streams JSONL texts from stdin to JSONL ids on stdout, in input order. Lines
+// are read in batches (at most kBatchLines lines or about kBatchBytes bytes)
+// and each batch is encoded on `threads` threads, so memory stays bounded on
+// any input and the output is the same for any thread count. With more than
+// one thread the next batch is read, and the previous one written, while a
+// batch encodes. The first bad line (`<stdin>:LINE: ...`) ends it with exit
+// status 1, every line before it written.
+int Tokenize(const std::string& tokenizer_path, int threads) {
   auto tokenizer = trainerd::engine::tokenizer::Tokenizer::FromFile(tokenizer_path);
   if (!tokenizer.ok()) {
     std::fprintf(stderr, "error: %s\n", tokenizer.status().message().c_str());
     return kExitFailed;
   }
+  const trainerd::engine::tokenizer::Tokenizer& tok = **tokenizer;
+  constexpr size_t kBatchLines = 4096;
+  constexpr size_t kBatchBytes = size_t{8} << 20;
   std::ios::sync_with_stdio(false);
-  std::string line, out;
-  size_t line_number = 0;
-  auto fail = [&line_number](const std::string& message) {
-    std::fflush(stdout);
-    std::fprintf(stderr, "error: <stdin>:%zu: %s\n", line_number, message.c_str());
-    return kExitFailed;
+
+  // Two line buffers: one being encoded while the other is read.
+  std::vector<std::string> buffers[2];
+  auto read_batch = [](std::vector<std::string>& lines) {
+    lines.clear();
+    size_t bytes = 0;
+    std::string line;
+    while (lines.size() < kBatchLines && bytes < kBatchBytes && std::getline(std::cin, line)) {
+      bytes += line.size();
+      lines.push_back(std::move(line));
+    }
   };
-  while (std::getline(std::cin, line)) {
-    ++line_number;
-    nlohmann::json record;
-    try {
-      record = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::exception& e) {
-      return fail(std::string("malformed JSON: ") + e.what());
+  auto encode_batch = [&tok, threads](const std::vector<std::string>* lines) {
+    return trainerd::engine::ParallelMap<EncodedLine>(lines->size(), threads,
+                                                      [&](size_t i) { return EncodeLine(tok, (*lines)[i]); });
+  };
+  // One thread does everything in turn (deferred runs at get()); more overlap I/O with encoding.
+  const auto policy = threads > 1 ? std::launch::async : std::launch::deferred;
+
+  if (!isatty(STDOUT_FILENO)) std::setvbuf(stdout, nullptr, _IOFBF, size_t{1} << 20);
+  size_t first_line = 1;  // the line number of the batch being encoded's first line
+  int current = 0;
+  read_batch(buffers[current]);
+  std::future<std::vector<EncodedLine>> pending;
+  if (!buffers[current].empty()) pending = std::async(policy, encode_batch, &buffers[current]);
+  while (pending.valid()) {
+    std::vector<std::string>& next = buffers[1 - current];
+    read_batch(next);
+    std::vector<EncodedLine> results = pending.get();
+    if (!next.empty()) pending = std::async(policy, encode_batch, &next);  // encodes while we write
+    for (size_t i = 0; i < results.size(); ++i) {
+      if (!results[i].ok) {
+        std::fflush(stdout);
+        std::fprintf(stderr, "error: <stdin>:%zu: %s\n", first_line + i, results[i].text.c_str());
+        return kExitFailed;
+      }
+      std::fwrite(results[i].text.data(), 1, results[i].text.size(), stdout);
     }
-    if (!record.is_object()) return fail("expected a JSON object {\"text\": ...}");
-    auto text = record.find("text");
-    if (text == record.end()) return fail("missing \"text\"");
-    if (!text->is_string()) return fail("\"text\" must be a string, got " + std::string(text->type_name()));
-    auto ids = (*tokenizer)->Encode(text->get_ref<const std::string&>());
-    if (!ids.ok()) return fail(ids.status().message());
-    out.assign("{\"ids\": [");
-    for (size_t i = 0; i < ids->size(); ++i) {
-      if (i > 0) out += ", ";
-      out += std::to_string((*ids)[i]);
-    }
-    out += "]}\n";
-    std::fwrite(out.data(), 1, out.size(), stdout);
+    first_line += results.size();
+    current = 1 - current;
   }
-  if (std::cin.bad()) return fail("read error");
+  if (std::cin.bad()) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "error: <stdin>:%zu: read error\n", first_line);
+    return kExitFailed;
+  }
   if (std::fflush(stdout) != 0) {
     std::fprintf(stderr, "error: writing to stdout failed\n");
     return kExitFailed;
@@ -206,15 +281,38 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (args[0] == "tokenize") {
-    if (args.size() == 2 && (args[1] == "--help" || args[1] == "-h")) {
-      std::fputs(kUsage, stdout);
-      return 0;
+    std::string path;
+    int threads = trainerd::engine::AllCores();
+    for (size_t i = 1; i < args.size(); ++i) {
+      if (args[i] == "--threads") {
+        const std::string value = i + 1 < args.size() ? args[++i] : "";
+        char* end = nullptr;
+        const long n = std::strtol(value.c_str(), &end, 10);
+        if (value.empty() || *end != '\0' || n < 1 || n > 4096) {
+          std::fprintf(stderr, "error: --threads wants a thread count of at least 1, got '%s'\n\n%s",
+                       value.c_str(), kUsage);
+          return kExitUsage;
+        }
+        threads = static_cast<int>(n);
+      } else if (args[i] == "--help" || args[i] == "-h") {
+        std::fputs(kUsage, stdout);
+        return 0;
+      } else if (!args[i].empty() && args[i][0] == '-') {
+        std::fprintf(stderr, "error: unknown option '%s'\n\n%s", args[i].c_str(), kUsage);
+        return kExitUsage;
+      } else if (path.empty()) {
+        path = args[i];
+      } else {
+        std::fprintf(stderr, "error: tokenize takes one MODEL_DIR or tokenizer.json, got '%s' too\n\n%s",
+                     args[i].c_str(), kUsage);
+        return kExitUsage;
+      }
     }
-    if (args.size() != 2 || (!args[1].empty() && args[1][0] == '-')) {
+    if (path.empty()) {
       std::fprintf(stderr, "error: tokenize takes one MODEL_DIR or tokenizer.json\n\n%s", kUsage);
       return kExitUsage;
     }
-    return Tokenize(args[1]);
+    return Tokenize(path, threads);
   }
   std::fprintf(stderr, "error: unknown command '%s'\n\n%s", args[0].c_str(), kUsage);
   return kExitUsage;

@@ -109,11 +109,12 @@ Status BpeModel::Tokenize(std::string_view word, std::vector<int32_t>* ids) cons
     }
   }
   const bool cacheable = word.size() < kCacheMaxWordBytes;
+  CacheShard& shard = cache_[std::hash<std::string_view>()(word) % kCacheShards];
   if (cacheable) {
-    std::lock_guard<std::mutex> lock(cache_mutex_);
+    std::lock_guard<std::mutex> lock(shard.mutex);
     // C++17 has no heterogeneous lookup; a short word's key copy is cheap.
-    auto it = cache_.find(std::string(word));
-    if (it != cache_.end()) {
+    auto it = shard.words.find(std::string(word));
+    if (it != shard.words.end()) {
       ids->insert(ids->end(), it->second.begin(), it->second.end());
       return Status::Ok();
     }
@@ -121,9 +122,9 @@ Status BpeModel::Tokenize(std::string_view word, std::vector<int32_t>* ids) cons
   const size_t first = ids->size();
   TRAINERD_RETURN_IF_ERROR(MergeWord(word, ids));
   if (cacheable) {
-    std::lock_guard<std::mutex> lock(cache_mutex_);
-    if (cache_.size() < kCacheCapacity)
-      cache_.emplace(std::string(word), std::vector<int32_t>(ids->begin() + first, ids->end()));
+    std::lock_guard<std::mutex> lock(shard.mutex);
+    if (shard.words.size() < kCacheCapacity / kCacheShards)
+      shard.words.emplace(std::string(word), std::vector<int32_t>(ids->begin() + first, ids->end()));
   }
   return Status::Ok();
 }

@@ -7,6 +7,7 @@
 // dropout, continuing_subword_prefix or end_of_word_suffix is an error.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -62,11 +63,17 @@ class BpeModel {
   std::vector<int32_t> byte_fallback_ids_;  // id of "<0xXX>" per byte, -1 if absent
 
   // Words seen before → ids, up to kCacheCapacity words shorter than
-  // kCacheMaxWordBytes (as HF's cache), then no more insertions.
+  // kCacheMaxWordBytes (as HF's cache), then no more insertions. Sharded by
+  // the word's hash, each shard with its own lock, so tokenizing threads
+  // rarely wait for each other.
   static constexpr size_t kCacheCapacity = 10000;
   static constexpr size_t kCacheMaxWordBytes = 256;
-  mutable std::mutex cache_mutex_;
-  mutable std::unordered_map<std::string, std::vector<int32_t>> cache_;  // guarded by cache_mutex_
+  static constexpr size_t kCacheShards = 64;
+  struct CacheShard {
+    std::mutex mutex;
+    std::unordered_map<std::string, std::vector<int32_t>> words;  // guarded by mutex
+  };
+  mutable std::array<CacheShard, kCacheShards> cache_;
 };
 
 }  // namespace trainerd::engine::tokenizer
