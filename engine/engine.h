@@ -24,6 +24,8 @@ struct RunInfo {
   int64_t total_params = 0;
   int64_t trainable_params = 0;
   int64_t train_examples = 0;  // after dropping those with nothing to train
+  int64_t train_tokens = 0;    // tokens of those examples (after truncation)
+  int64_t trained_tokens = 0;  // of which targets of the loss
   int64_t dropped_examples = 0;
   int64_t truncated_examples = 0;
   int64_t total_steps = 0;

@@ -48,7 +48,10 @@ void ConsoleReporter::OnStart(const engine::RunInfo& info) {
                FormatCount(static_cast<double>(info.trainable_params)).c_str(), info.device.c_str(),
                info.dtype.c_str());
   if (info.total_steps > 0) {
-    std::fprintf(stderr, "%lld training examples, %lld steps", static_cast<long long>(info.train_examples),
+    std::fprintf(stderr, "%lld training examples (%s tokens, %s trained), %lld steps",
+                 static_cast<long long>(info.train_examples),
+                 FormatCount(static_cast<double>(info.train_tokens)).c_str(),
+                 FormatCount(static_cast<double>(info.trained_tokens)).c_str(),
                  static_cast<long long>(info.total_steps));
     if (info.truncated_examples) {
       std::fprintf(stderr, ", %lld truncated to data.max_seq_len", static_cast<long long>(info.truncated_examples));

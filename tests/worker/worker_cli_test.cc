@@ -277,6 +277,9 @@ TEST_F(WorkerCliTest, LoraJobTrainsAndWritesMetricsAndAdapter) {
                                                            /*with_eval=*/true));
   Outcome r = Run({"run", job});
   ASSERT_EQ(r.exit_code, 0) << "stdout:\n" << r.out << "\nstderr:\n" << r.err;
+  // The data's statistics before training.
+  EXPECT_TRUE(std::regex_search(r.err, std::regex(R"(\d+ training examples \([0-9.]+k? tokens, [0-9.]+k? trained\), 6 steps)")))
+      << r.err;
 
   // One progress line per step on stdout.
   const std::regex progress(R"(^step (\d+)/6 \| loss \d+\.\d+ \| lr .* tok/s .*ETA .*$)");
