@@ -35,12 +35,13 @@ Batch MakeBatch(const std::vector<const TokenExample*>& examples, const torch::D
   batch.input_ids = ids.to(device);
   batch.labels = labels.to(device);
   if (packed) batch.position_ids = positions.to(device);
+  if (packed && device.is_cuda()) batch.segments = PackedSegmentsFromPositions(positions, device);
   return batch;
 }
 
 torch::Tensor CausalLmLossSum(const LlamaModel& model, const Batch& batch) {
   const int64_t t = batch.input_ids.size(1);
-  torch::Tensor hidden = model.Hidden(batch.input_ids, batch.position_ids);  // (B, T, H)
+  torch::Tensor hidden = model.Hidden(batch.input_ids, batch.position_ids, batch.segments);  // (B, T, H)
   torch::Tensor logits = model.Logits(hidden.narrow(1, 0, t - 1)).to(torch::kFloat32);  // (B, T-1, V)
   torch::Tensor targets = batch.labels.narrow(1, 1, t - 1).reshape({-1});
   return torch::nn::functional::cross_entropy(

@@ -14,6 +14,10 @@ struct Batch {
   torch::Tensor input_ids;  // (B, T) int64, right-padded with token 0
   torch::Tensor labels;     // (B, T) int64, -100 at padding
   torch::Tensor position_ids;  // (B, T) int64 for packed examples, else undefined
+  // position_ids' segments, computed where the batch is built (no device sync
+  // in the forward); only for packed batches on CUDA, where the variable-length
+  // attention path may use them (LlamaModel::Hidden).
+  PackedSegments segments;
   int64_t input_tokens = 0;   // non-padding tokens
   int64_t target_tokens = 0;  // positions 1..T-1 with a label
 };

@@ -1,6 +1,12 @@
 #include "engine/llama_model.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <vector>
 
 #include <torch/version.h>
 
@@ -89,6 +95,89 @@ torch::Tensor PackedAttentionMask(const torch::Tensor& position_ids) {
   return (same & causal).unsqueeze(1);
 }
 
+PackedSegments PackedSegmentsFromPositions(const torch::Tensor& position_ids, const torch::Device& device) {
+  TORCH_CHECK(position_ids.dim() == 2, "position_ids must be (B, T), got ", position_ids.sizes());
+  const torch::Tensor pos = position_ids.to(torch::kCPU, torch::kInt64).contiguous();
+  const int64_t t = pos.size(1), total = pos.numel();
+  TORCH_CHECK(total <= std::numeric_limits<int32_t>::max(), "a batch of ", total,
+              " tokens is too large for variable-length attention's int32 offsets");
+  const int64_t* p = pos.data_ptr<int64_t>();
+  std::vector<int32_t> cu;
+  int64_t max_len = 0;
+  for (int64_t i = 0; i < total; ++i) {
+    if (i % t == 0 || p[i] == 0) {  // a row or an example (or a row's padding) starts
+      if (!cu.empty()) max_len = std::max(max_len, i - cu.back());
+      cu.push_back(static_cast<int32_t>(i));
+    }
+  }
+  if (!cu.empty()) max_len = std::max(max_len, total - cu.back());
+  cu.push_back(static_cast<int32_t>(total));
+  PackedSegments s;
+  s.cu_seqlens = torch::from_blob(cu.data(), {static_cast<int64_t>(cu.size())}, torch::kInt32).clone().to(device);
+  s.max_len = max_len;
+  return s;
+}
+
+namespace {
+
+#if TORCH_VERSION_MAJOR >= 2
+// Whether flash attention runs on this CUDA device. LibTorch builds without
+// its flash kernels, and GPUs before Ampere, refuse the call with a c10::Error;
+// asked once per device with a tiny call, then remembered.
+bool FlashAttentionRunsOn(const torch::Device& device) {
+  static std::mutex mu;
+  static std::map<int, bool> known;
+  std::lock_guard<std::mutex> lock(mu);
+  const int index = device.has_index() ? device.index() : -1;
+  auto it = known.find(index);
+  if (it != known.end()) return it->second;
+  bool runs = false;
+  try {
+    torch::NoGradGuard no_grad;
+    torch::Tensor x = torch::zeros({2, 1, 8}, torch::TensorOptions().dtype(torch::kBFloat16).device(device));
+    torch::Tensor cu = torch::tensor({0, 2}, torch::kInt32).to(device);
+    at::_flash_attention_forward(x, x, x, cu, cu, 2, 2, /*dropout_p=*/0.0, /*is_causal=*/true,
+                                 /*return_debug_mask=*/false);
+    runs = true;
+  } catch (const std::exception&) {  // c10::Error and its kin: fall back to the dense mask
+    runs = false;
+  }
+  known.emplace(index, runs);
+  return runs;
+}
+#endif
+
+}  // namespace
+
+bool UsesVarlenAttention(const torch::Device& device, torch::ScalarType dtype, int64_t head_dim) {
+#if TORCH_VERSION_MAJOR >= 2
+  if (!device.is_cuda()) return false;
+  if (dtype != torch::kBFloat16 && dtype != torch::kFloat16) return false;  // flash has no fp32
+  if (head_dim % 8 != 0 || head_dim > 256) return false;                    // flash's backward needs these
+  return FlashAttentionRunsOn(device);
+#else
+  // LibTorch 1.13 has no variable-length attention entry point.
+  (void)device, (void)dtype, (void)head_dim;
+  return false;
+#endif
+}
+
+torch::Tensor VarlenCausalAttention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                    const PackedSegments& segments) {
+#if TORCH_VERSION_MAJOR >= 2
+  // The same cu_seqlens for queries and keys (self-attention); is_causal is
+  // then the usual causal mask inside each segment. Scale defaults to 1/sqrt(d).
+  auto out = at::_flash_attention_forward(q.contiguous(), k.contiguous(), v.contiguous(), segments.cu_seqlens,
+                                          segments.cu_seqlens, segments.max_len, segments.max_len,
+                                          /*dropout_p=*/0.0, /*is_causal=*/true, /*return_debug_mask=*/false);
+  return std::get<0>(out);
+#else
+  (void)q, (void)k, (void)v, (void)segments;
+  TORCH_CHECK(false, "variable-length attention needs LibTorch 2.x");
+  return {};
+#endif
+}
+
 torch::Tensor CausalAttentionExplicit(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                       const torch::Tensor& mask) {
   const int64_t n_rep = q.size(1) / k.size(1);
@@ -120,9 +209,22 @@ torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k, co
 }
 
 torch::Tensor LlamaModel::Attention(const DecoderLayer& layer, const torch::Tensor& x, const torch::Tensor& cos,
-                                    const torch::Tensor& sin, const torch::Tensor& mask) const {
+                                    const torch::Tensor& sin, const torch::Tensor& mask,
+                                    const PackedSegments& segments) const {
   const int64_t b = x.size(0), t = x.size(1), d = config_.head_dim;
   const int64_t nh = config_.num_attention_heads, nkv = config_.num_key_value_heads;
+  if (segments.defined()) {
+    // Variable-length path: heads stay in (B, T, heads, d), which flattens to
+    // the kernel's (B*T, heads, d) without a copy; cos/sin are (B, T, 1, d).
+    torch::Tensor q = layer.q_proj.Forward(x, training_).view({b, t, nh, d});
+    torch::Tensor k = layer.k_proj.Forward(x, training_).view({b, t, nkv, d});
+    torch::Tensor v = layer.v_proj.Forward(x, training_).view({b, t, nkv, d});
+    q = q * cos + RotateHalf(q) * sin;
+    k = k * cos + RotateHalf(k) * sin;
+    torch::Tensor o = VarlenCausalAttention(q.reshape({b * t, nh, d}), k.reshape({b * t, nkv, d}),
+                                            v.reshape({b * t, nkv, d}), segments);  // (B*T, nh, d)
+    return layer.o_proj.Forward(o.reshape({b, t, nh * d}), training_);
+  }
   torch::Tensor q = layer.q_proj.Forward(x, training_).view({b, t, nh, d}).transpose(1, 2);
   torch::Tensor k = layer.k_proj.Forward(x, training_).view({b, t, nkv, d}).transpose(1, 2);
   torch::Tensor v = layer.v_proj.Forward(x, training_).view({b, t, nkv, d}).transpose(1, 2);
@@ -133,17 +235,33 @@ torch::Tensor LlamaModel::Attention(const DecoderLayer& layer, const torch::Tens
   return layer.o_proj.Forward(o, training_);
 }
 
-torch::Tensor LlamaModel::Hidden(const torch::Tensor& input_ids, const torch::Tensor& position_ids) const {
+bool LlamaModel::UsesVarlenAttention() const {
+  return engine::UsesVarlenAttention(device(), dtype(), config_.head_dim);
+}
+
+torch::Tensor LlamaModel::Hidden(const torch::Tensor& input_ids, const torch::Tensor& position_ids,
+                                 const PackedSegments& segments) const {
   const int64_t t = input_ids.size(1);
   torch::Tensor h = torch::embedding(embed_tokens_, input_ids);  // (B, T, H)
   // cos/sin: (B or 1, 1, T, d) in float32, cast to the model dtype as transformers does.
   torch::Tensor cos, sin, mask;
+  PackedSegments varlen;  // defined: packed attention as variable-length flash attention
   if (position_ids.defined()) {
     torch::Tensor freqs = position_ids.to(torch::kFloat32).unsqueeze(-1) * inv_freq_;  // (B, T, d/2)
     torch::Tensor emb = torch::cat({freqs, freqs}, -1);
     cos = emb.cos().to(dtype()).unsqueeze(1);
     sin = emb.sin().to(dtype()).unsqueeze(1);
-    mask = PackedAttentionMask(position_ids);
+    if (UsesVarlenAttention()) {
+      // Segments once per forward, for every layer: no O(T^2) mask, and flash
+      // attention skips the blocks across examples.
+      varlen = segments.defined() ? segments : PackedSegmentsFromPositions(position_ids, device());
+      cos = cos.transpose(1, 2);  // (B, T, 1, d)
+      sin = sin.transpose(1, 2);
+    } else {
+      // CPU, fp32 CUDA (flash has no fp32) and LibTorch 1.13 (no varlen entry
+      // point): a dense mask; SDPA then runs its math or memory-efficient kernel.
+      mask = PackedAttentionMask(position_ids);
+    }
   } else {
     torch::Tensor positions = torch::arange(t, torch::TensorOptions().dtype(torch::kFloat32).device(device()));
     torch::Tensor freqs = torch::outer(positions, inv_freq_);  // (T, d/2)
@@ -153,7 +271,7 @@ torch::Tensor LlamaModel::Hidden(const torch::Tensor& input_ids, const torch::Te
   }
   const double eps = config_.rms_norm_eps;
   for (const DecoderLayer& layer : layers_) {
-    h = h + Attention(layer, RmsNorm(h, layer.input_norm, eps), cos, sin, mask);
+    h = h + Attention(layer, RmsNorm(h, layer.input_norm, eps), cos, sin, mask, varlen);
     torch::Tensor x = RmsNorm(h, layer.post_attention_norm, eps);
     torch::Tensor gated = torch::silu(layer.gate_proj.Forward(x, training_)) * layer.up_proj.Forward(x, training_);
     h = h + layer.down_proj.Forward(gated, training_);

@@ -10,7 +10,9 @@
 // restart at 0 at every example: rotary positions follow them and attention
 // stays inside each example (a position attends to earlier positions of the
 // same run of positions), so a packed example computes exactly what it would
-// alone.
+// alone. How: on CUDA in bf16/fp16 with LibTorch 2.x, variable-length flash
+// attention over the segments (PackedSegments, UsesVarlenAttention); else a
+// dense (B, 1, T, T) mask (PackedAttentionMask).
 #pragma once
 
 #include <map>
@@ -54,6 +56,31 @@ struct DecoderLayer {
   Linear* Module(const std::string& short_name);
 };
 
+// The packed examples of a batch as segments of its flattened B*T tokens, for
+// variable-length attention: segment i is tokens [cu_seqlens[i], cu_seqlens[i+1]).
+// A segment starts at every row start and at every position_id 0, so a row's
+// trailing padding (whose positions restart at 0, MakeBatch) is a segment of its own.
+struct PackedSegments {
+  torch::Tensor cu_seqlens;  // (n_segments + 1) int32 on the batch's device: 0, ..., B*T
+  int64_t max_len = 0;       // the longest segment
+  bool defined() const { return cu_seqlens.defined(); }
+};
+
+// Segments from position_ids (B, T) int64, cu_seqlens placed on `device`.
+// Computed on the CPU: position_ids on the GPU are copied to the host first
+// (a sync), so a caller that has them on the CPU (MakeBatch) computes the
+// segments there and passes them along.
+PackedSegments PackedSegmentsFromPositions(const torch::Tensor& position_ids, const torch::Device& device);
+
+// Whether packed attention runs as variable-length flash attention
+// (VarlenCausalAttention) rather than with a dense mask. Needs LibTorch 2.x
+// (at::_flash_attention_forward), a CUDA device on which flash attention runs
+// (checked once per device with a tiny call: builds without flash kernels, or
+// GPUs older than Ampere, say no), bf16 or fp16 (flash has no fp32) and a
+// head_dim flash's backward takes (a multiple of 8, at most 256). Otherwise the
+// dense (B, 1, T, T) mask path is used: CPU, fp32 CUDA, LibTorch 1.13.
+bool UsesVarlenAttention(const torch::Device& device, torch::ScalarType dtype, int64_t head_dim);
+
 class LlamaModel {
  public:
   // Builds the model from a folder's weights (already in the job's dtype and
@@ -70,11 +97,18 @@ class LlamaModel {
 
   // input_ids: (B, T) int64 -> final hidden states (B, T, H) after the last norm.
   // position_ids: undefined (0..T-1 in every row) or (B, T) int64 restarting
-  // at 0 where a packed example starts.
-  torch::Tensor Hidden(const torch::Tensor& input_ids, const torch::Tensor& position_ids = {}) const;
+  // at 0 where a packed example starts. segments: position_ids' segments
+  // (PackedSegmentsFromPositions), used by the variable-length path; when
+  // undefined there, Hidden computes them (one device-to-host copy).
+  torch::Tensor Hidden(const torch::Tensor& input_ids, const torch::Tensor& position_ids = {},
+                       const PackedSegments& segments = {}) const;
   // (B, T, H) -> (B, T, V) in the model dtype.
   torch::Tensor Logits(const torch::Tensor& hidden) const;
   const torch::Tensor& lm_head() const { return lm_head_; }
+
+  // Whether packed batches (position_ids given) take the variable-length
+  // attention path on this model's device and dtype (UsesVarlenAttention).
+  bool UsesVarlenAttention() const;
 
   void set_training(bool training) { training_ = training; }
   bool training() const { return training_; }
@@ -90,8 +124,10 @@ class LlamaModel {
 
  private:
   explicit LlamaModel(ModelConfig config) : config_(std::move(config)) {}
+  // segments: defined for the variable-length path; then cos/sin are (B, T, 1, d).
   torch::Tensor Attention(const DecoderLayer& layer, const torch::Tensor& x, const torch::Tensor& cos,
-                          const torch::Tensor& sin, const torch::Tensor& mask) const;
+                          const torch::Tensor& sin, const torch::Tensor& mask,
+                          const PackedSegments& segments) const;
 
   ModelConfig config_;
   torch::Tensor embed_tokens_;  // (V, H)
@@ -121,5 +157,13 @@ torch::Tensor CausalAttentionExplicit(const torch::Tensor& q, const torch::Tenso
 // (B, 1, T, T) bool: causal and within the same packed example, examples
 // being the runs of position_ids (B, T) that start at 0.
 torch::Tensor PackedAttentionMask(const torch::Tensor& position_ids);
+
+// Causal attention within each segment, as variable-length flash attention
+// (at::_flash_attention_forward; autograd differentiates it with
+// _flash_attention_backward). q: (N, nh, d); k, v: (N, nkv, d), N = B*T
+// flattened tokens; grouped heads are handled by the kernel (no repeat).
+// Returns (N, nh, d). Only where UsesVarlenAttention says so.
+torch::Tensor VarlenCausalAttention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                    const PackedSegments& segments);
 
 }  // namespace trainerd::engine
