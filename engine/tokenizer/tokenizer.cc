@@ -1,5 +1,6 @@
 #include "engine/tokenizer/tokenizer.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -126,6 +127,50 @@ StatusOr<std::vector<int32_t>> Tokenizer::Encode(std::string_view text, bool add
   return ids;
 }
 
+StatusOr<size_t> Tokenizer::TokenAt(std::string_view text, size_t run_start, size_t run_end, size_t cut,
+                                    const std::vector<int32_t>& ids, size_t first_id) const {
+  const size_t run_ids = ids.size() - first_id;
+  std::vector<int32_t> prefix;
+  // Whether text[run_start, end) encodes to a prefix of the run's ids (then
+  // `end` is a token boundary of the run); its id count goes to *count.
+  auto clean = [&](size_t end, size_t* count) -> StatusOr<bool> {
+    prefix.clear();
+    TRAINERD_RETURN_IF_ERROR(EncodeRun(text.substr(run_start, end - run_start), run_start == 0, &prefix));
+    *count = prefix.size();
+    return prefix.size() <= run_ids && std::equal(prefix.begin(), prefix.end(), ids.begin() + first_id);
+  };
+  size_t count = 0;
+  TRAINERD_ASSIGN_OR_RETURN(bool at_boundary, clean(cut, &count));
+  if (at_boundary) return count;
+  // The first id where the run and the cut run differ: no token before it
+  // reaches the cut. A lower bound, exact when that token holds the cut.
+  size_t same = 0;
+  while (same < run_ids && same < prefix.size() && ids[first_id + same] == prefix[same]) ++same;
+  // The nearest token boundaries below and above the cut: when exactly one
+  // token lies between them, it holds the cut. (BPE can merge across the cut
+  // differently in the cut run, e.g. "]▁" at its end where the run has "]",
+  // "▁t": then the first differing id, "]", ends before the cut.)
+  constexpr int kMaxSteps = 32;
+  auto boundary = [&](int direction, size_t* found) -> StatusOr<bool> {
+    size_t pos = cut;
+    for (int step = 0; step < kMaxSteps; ++step) {
+      do {
+        pos += direction;
+      } while (pos > run_start && pos < run_end && (static_cast<unsigned char>(text[pos]) & 0xC0) == 0x80);
+      if (pos <= run_start) return *found = 0, true;
+      if (pos >= run_end) return *found = run_ids, true;
+      TRAINERD_ASSIGN_OR_RETURN(bool ok, clean(pos, found));
+      if (ok) return true;
+    }
+    return false;
+  };
+  size_t below = 0, above = 0;
+  TRAINERD_ASSIGN_OR_RETURN(bool has_below, boundary(-1, &below));
+  TRAINERD_ASSIGN_OR_RETURN(bool has_above, boundary(+1, &above));
+  if (has_below && has_above && above == below + 1) return below;
+  return same;
+}
+
 StatusOr<std::vector<int32_t>> Tokenizer::EncodeWithCuts(std::string_view text, const std::vector<size_t>& cuts,
                                                          std::vector<size_t>* cut_tokens) const {
   if (size_t bad = FindInvalidUtf8(text); bad != std::string_view::npos)
@@ -135,7 +180,6 @@ StatusOr<std::vector<int32_t>> Tokenizer::EncodeWithCuts(std::string_view text, 
   added_.Segment(text, /*normalized_tokens=*/false, &raw_segments);
   cut_tokens->assign(cuts.size(), 0);
   size_t next_cut = 0;
-  std::vector<int32_t> prefix_ids;
   for (const TextSegment& raw : raw_segments) {
     if (raw.start == raw.end) continue;
     const size_t first_id = ids.size();
@@ -145,15 +189,10 @@ StatusOr<std::vector<int32_t>> Tokenizer::EncodeWithCuts(std::string_view text, 
       TRAINERD_RETURN_IF_ERROR(EncodeRun(text.substr(raw.start, raw.end - raw.start), raw.start == 0, &ids));
     }
     for (; next_cut < cuts.size() && cuts[next_cut] < raw.end; ++next_cut) {
-      const size_t cut = cuts[next_cut];
       size_t index = first_id;
-      if (cut > raw.start && raw.id < 0) {
-        prefix_ids.clear();
-        TRAINERD_RETURN_IF_ERROR(EncodeRun(text.substr(raw.start, cut - raw.start), raw.start == 0, &prefix_ids));
-        size_t same = 0;
-        while (first_id + same < ids.size() && same < prefix_ids.size() && ids[first_id + same] == prefix_ids[same])
-          ++same;
-        index = std::min(first_id + same, ids.size());
+      if (cuts[next_cut] > raw.start && raw.id < 0) {
+        TRAINERD_ASSIGN_OR_RETURN(size_t in_run, TokenAt(text, raw.start, raw.end, cuts[next_cut], ids, first_id));
+        index = first_id + in_run;
       }
       (*cut_tokens)[next_cut] = index;
     }

@@ -43,11 +43,10 @@ class Tokenizer {
   // Ids of `text` without the post-processor's special tokens (how
   // apply_chat_template tokenizes a rendered conversation), and for each byte
   // offset in `cuts` (ascending, each <= text.size()) in *cut_tokens the index
-  // of the first token at or after it: the token that holds the byte at the
-  // offset (Hugging Face's char_to_token) or, at the end, ids.size(). Where a
-  // cut falls inside a run of text between added tokens, that run's ids are
-  // compared with the ids of the run cut at the offset: the first id where they
-  // differ is the token that holds the offset. Thread-safe.
+  // of the token that holds the byte at the offset (Hugging Face's
+  // char_to_token), or ids.size() at the end. Inside a run of text between
+  // added tokens the tokens' offsets are found by encoding the run cut short
+  // (TokenAt). Thread-safe.
   StatusOr<std::vector<int32_t>> EncodeWithCuts(std::string_view text, const std::vector<size_t>& cuts,
                                                 std::vector<size_t>* cut_tokens) const;
 
@@ -67,6 +66,15 @@ class Tokenizer {
   // Ids of one run of raw text between added tokens: normalized, cut at the
   // normalized added tokens, pre-tokenized and BPE-encoded.
   Status EncodeRun(std::string_view run, bool at_text_start, std::vector<int32_t>* ids) const;
+  // For EncodeWithCuts: the index, within the run text[run_start, run_end)
+  // whose ids are ids[first_id, end), of the token holding byte `cut`. An
+  // offset where the run cut short encodes to a prefix of the run's ids is a
+  // token boundary; otherwise the token is the only one between the nearest
+  // such boundaries below and above the cut (within 32 characters), or failing
+  // those the first id where the run cut at `cut` differs, which no token
+  // before it reaches.
+  StatusOr<size_t> TokenAt(std::string_view text, size_t run_start, size_t run_end, size_t cut,
+                           const std::vector<int32_t>& ids, size_t first_id) const;
 
   std::unique_ptr<Normalizer> normalizer_;
   std::unique_ptr<PreTokenizer> pre_tokenizer_;
