@@ -2,7 +2,7 @@
 """Tokens per second of `trainerd-worker tokenize` against Hugging Face tokenizers.
 
     python3 bench/tokenizer/tokenizer_bench.py --worker build/worker/trainerd-worker [--out DIR]
-        [--corpus-mb 32] [--runs 3] [--threads N] [--tokenizers DIR]
+        [--corpus-mb 32] [--runs 3] [--threads N] [--tokenizers DIR] [--extra-tokenizer NAME=PATH ...]
 
 Needs the standard library and the `tokenizers` package only (transformers, when installed, is
 read as text for the corpus, never imported). Steps:
@@ -14,7 +14,9 @@ read as text for the corpus, never imported). Steps:
      DIR/NAME/tokenizer.json): `bytelevel` (Llama 3 style: Split(Llama 3 regex) + ByteLevel,
      ignore_merges, 128K vocabulary, 32K if training that takes longer than --train-timeout) and
      `sentencepiece` (Llama 2 style: Prepend + Replace normalizers, no pre-tokenizer,
-     byte_fallback, 32K).
+     byte_fallback, 32K). Each --extra-tokenizer NAME=PATH adds an existing tokenizer.json (e.g.
+     llama3-real=.gpu-run/llama3/tokenizer.json, made by tools/make_llama3_tokenizer.py), measured
+     the same way.
   3. for each tokenizer and thread count (1 and all cores), best of --runs:
      HF encode only: texts already in memory, the fastest of encode_batch_fast, encode_batch and
        (one thread) encode per line, ids read into Python lists; a separate process per thread
@@ -502,9 +504,10 @@ def cmd_run(a):
             json.dump({"meta": meta, "results": results}, f, indent=1)
         return text
 
-    for name in a.only or ["bytelevel", "sentencepiece"]:
-        if a.tokenizers:
-            path = os.path.join(a.tokenizers, name, "tokenizer.json")
+    extra = dict(a.extra_tokenizer)
+    for name in a.only or ["bytelevel", "sentencepiece"] + list(extra):
+        if name in extra or a.tokenizers:
+            path = extra.get(name) or os.path.join(a.tokenizers, name, "tokenizer.json")
             info = {"path": path}
             try:
                 info["vocab"] = len(json.load(open(path, encoding="utf-8"))["model"]["vocab"])
@@ -582,14 +585,37 @@ def main():
     p.add_argument("--runs", type=int, default=3, help="runs of each measurement; the best counts")
     p.add_argument("--threads", type=int, default=0, help="the many-thread count (default: usable cores)")
     p.add_argument("--tokenizers", help="use DIR/{bytelevel,sentencepiece}/tokenizer.json, no training")
-    p.add_argument("--only", action="append", choices=["bytelevel", "sentencepiece"])
+    p.add_argument("--extra-tokenizer", action="append", default=[], metavar="NAME=PATH",
+                   help="also measure an existing tokenizer.json (or a folder holding one) under NAME; "
+                        "repeatable, e.g. llama3-real=.gpu-run/llama3/tokenizer.json")
+    p.add_argument("--only", action="append", metavar="NAME",
+                   help="measure only this tokenizer (bytelevel, sentencepiece or an --extra-tokenizer NAME); "
+                        "repeatable")
     p.add_argument("--train-mb", type=float, default=12, help="MB of the corpus to train tokenizers on")
     p.add_argument("--train-timeout", type=float, default=100,
                    help="seconds for the big byte-level training before falling back to 32K")
     p.add_argument("--bytelevel-vocab", type=int, default=128000)
     p.add_argument("--sentencepiece-vocab", type=int, default=32000)
     p.add_argument("--seed", type=int, default=1234)
-    return cmd_run(p.parse_args())
+    a = p.parse_args()
+    extra = []
+    for item in a.extra_tokenizer:
+        name, sep, path = item.partition("=")
+        if not sep or not re.fullmatch(r"[A-Za-z0-9._-]+", name) or not path:
+            p.error(f"--extra-tokenizer {item!r}: expected NAME=PATH, NAME of letters, digits, '.', '_', '-'")
+        if name in ("bytelevel", "sentencepiece") or name in dict(extra):
+            p.error(f"--extra-tokenizer {item!r}: the name {name!r} is taken")
+        path = os.path.abspath(path)
+        if os.path.isdir(path):
+            path = os.path.join(path, "tokenizer.json")
+        if not os.path.isfile(path):
+            p.error(f"--extra-tokenizer {item!r}: {path} is not a file")
+        extra.append((name, path))
+    a.extra_tokenizer = extra
+    for name in a.only or []:
+        if name not in ["bytelevel", "sentencepiece"] + [n for n, _ in extra]:
+            p.error(f"--only {name!r}: not bytelevel, sentencepiece or an --extra-tokenizer NAME")
+    return cmd_run(a)
 
 
 if __name__ == "__main__":
