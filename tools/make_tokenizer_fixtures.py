@@ -41,6 +41,7 @@ def hard_cases(specials):
         "العربية نص مكتوب من اليمين إلى اليسار", "עברית", "हिन्दी भाषा", "ภาษาไทย",
         "Emoji: 😀 👍🏽 👨‍👩‍👧‍👦 🏳️‍🌈 ❤️", "Combining: e\u0301 a\u0308 n\u0303 \u0041\u030A",
         "Z\u0351\u036b\u0343a\u0310\u0346l\u0352go", "\u00a0nbsp\u2003em\u3000ideographic",
+        "next\u0085line and \ufeffbyte order mark \ufeff", "\u0085 \ufeff\u0085",
         "tabs\t\tand    runs of      spaces   ", "trailing spaces    ", "    leading spaces",
         "def f(x):\n    return x ** 2  # comment\n", "{\"json\": [1, 2, {\"k\": null}]}",
         "url: https://example.com/a?b=c&d=e#f", "mixed日本語English123русский",
