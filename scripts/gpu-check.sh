@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run on the GPU machine (see ../shared/gpu/README.md): builds against the LibTorch of the
-# machine's PyTorch with CUDA, runs the whole suite on the CPU, the parity suite on CUDA in
-# float32 and bfloat16, checks that PEFT loads an adapter trainerd wrote, and runs the demo
+# machine's PyTorch with CUDA, runs the whole suite on the CPU, the parity and packing suites on
+# CUDA in float32 and bfloat16, checks that PEFT loads an adapter trainerd wrote, and runs the demo
 # on the GPU. Logs go to $OUT (or /tmp/gpu-check).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -22,6 +22,9 @@ for dtype in float32 bfloat16; do
   echo "== parity on cuda, $dtype"
   TRAINERD_TEST_DEVICE=cuda TRAINERD_TEST_DTYPE=$dtype TRAINERD_PEFT_CHECK_DIR=/tmp/peft-$dtype \
     $b/tests/engine/parity_test 2>&1 | tee "$out/parity-cuda-$dtype.log" | grep -E 'figure|FAILED|PASSED'
+  echo "== packing on cuda, $dtype (bfloat16: variable-length flash attention)"
+  TRAINERD_TEST_DEVICE=cuda TRAINERD_TEST_DTYPE=$dtype \
+    $b/tests/engine/packing_test 2>&1 | tee "$out/packing-cuda-$dtype.log" | grep -E 'figure|FAILED|PASSED'
 done
 echo "== PEFT loads the adapter trainerd wrote (trained on CUDA float32, checked on CPU)"
 python3 tools/check_peft_load.py tests/fixtures/llama/model /tmp/peft-float32 2>&1 | tail -1 | tee "$out/peft-load.txt"
