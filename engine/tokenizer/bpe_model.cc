@@ -47,6 +47,10 @@ StatusOr<std::unique_ptr<BpeModel>> BpeModel::FromJson(const json& config) {
     if (static_cast<size_t>(id) >= model->id_to_token_.size()) model->id_to_token_.resize(id + 1, nullptr);
     model->id_to_token_[id] = token;
   }
+  model->ascii_ids_.assign(128, -1);
+  for (int c = 0; c < 128; ++c) {
+    if (auto id = model->TokenToId(std::string(1, static_cast<char>(c)))) model->ascii_ids_[c] = *id;
+  }
   model->byte_fallback_ids_.assign(256, -1);
   for (int b = 0; b < 256; ++b) {
     char name[8];
@@ -83,7 +87,7 @@ StatusOr<std::unique_ptr<BpeModel>> BpeModel::FromJson(const json& config) {
                              "\", which is not in the vocab");
     }
     // A repeated pair keeps its last rank, as HF's map does.
-    model->merges_[PairKey(*a, *b)] = Merge{rank, *m};
+    model->merges_.Put(*a, *b, Merge{rank, *m});
     ++rank;
   }
   return model;
@@ -148,7 +152,13 @@ Status BpeModel::MergeWord(std::string_view word, std::vector<int32_t>* ids) con
     const size_t length = Utf8Length(static_cast<unsigned char>(word[pos]));
     const std::string_view piece = word.substr(pos, length);
     pos += length;
-    if (auto id = TokenToId(piece)) {
+    std::optional<int32_t> id;
+    if (length == 1) {
+      if (const int32_t ascii = ascii_ids_[static_cast<unsigned char>(piece[0])]; ascii >= 0) id = ascii;
+    } else {
+      id = TokenToId(piece);
+    }
+    if (id) {
       if (pending_unk >= 0) {
         add(pending_unk);
         pending_unk = -1;
@@ -185,10 +195,7 @@ Status BpeModel::MergeWord(std::string_view word, std::vector<int32_t>* ids) con
     bool operator>(const Candidate& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
   };
   std::priority_queue<Candidate, std::vector<Candidate>, std::greater<Candidate>> queue;
-  auto find_merge = [this](int32_t a, int32_t b) -> const Merge* {
-    auto it = merges_.find(PairKey(a, b));
-    return it == merges_.end() ? nullptr : &it->second;
-  };
+  auto find_merge = [this](int32_t a, int32_t b) { return merges_.Find(a, b); };
   for (size_t i = 0; i + 1 < symbols.size(); ++i) {
     if (const Merge* m = find_merge(symbols[i].id, symbols[i + 1].id))
       queue.push({m->rank, static_cast<int32_t>(i), m->new_id});

@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/status.h"
+#include "engine/tokenizer/merge_table.h"
 
 namespace trainerd::engine::tokenizer {
 
@@ -41,26 +42,20 @@ class BpeModel {
   int32_t id_end() const { return static_cast<int32_t>(id_to_token_.size()); }
 
  private:
-  struct Merge {
-    uint32_t rank;
-    int32_t new_id;
-  };
   BpeModel() = default;
   Status MergeWord(std::string_view word, std::vector<int32_t>* ids) const;
-  static uint64_t PairKey(int32_t a, int32_t b) {
-    return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
-  }
 
   // Token strings are owned by token_storage_; the map's keys view them.
   std::vector<std::unique_ptr<std::string>> token_storage_;
   std::unordered_map<std::string_view, int32_t> vocab_;
   std::vector<const std::string*> id_to_token_;  // null where no token has the id
-  std::unordered_map<uint64_t, Merge> merges_;   // (left id, right id) → rank and merged id
+  MergeTable merges_;                            // (left id, right id) → rank and merged id
   std::optional<std::string> unk_token_;
   bool fuse_unk_ = false;
   bool byte_fallback_ = false;
   bool ignore_merges_ = false;
   std::vector<int32_t> byte_fallback_ids_;  // id of "<0xXX>" per byte, -1 if absent
+  std::vector<int32_t> ascii_ids_;          // id of each one-character ASCII token, -1 if absent
 
   // Words seen before → ids, up to kCacheCapacity words shorter than
   // kCacheMaxWordBytes (as HF's cache), then no more insertions. Sharded by
