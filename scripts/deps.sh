@@ -14,6 +14,7 @@ packages=(
   libboost-dev libboost-system-dev
   libsqlite3-dev
   libsystemd-dev
+  systemd                 # systemd-analyze, -sysusers, -tmpfiles: the unit tests
   libpcre2-dev
   libcli11-dev
   python3
