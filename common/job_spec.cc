@@ -12,255 +12,26 @@
 #include <fstream>
 #include <iterator>
 #include <map>
-#include <set>
 #include <system_error>
 #include <utility>
+
+#include "common/yaml_reader.h"
 
 namespace trainerd {
 namespace {
 
 namespace fs = std::filesystem;
 
-std::string Join(const std::vector<std::string>& items, const char* separator) {
-  std::string out;
-  for (size_t i = 0; i < items.size(); ++i) {
-    if (i > 0) out += separator;
-    out += items[i];
-  }
-  return out;
-}
-
-// Optimal string alignment distance: edits, with a swap of neighbours counting once.
-size_t EditDistance(const std::string& a, const std::string& b) {
-  std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
-  for (size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
-  for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
-      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
-      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) {
-        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
-      }
-    }
-  }
-  return d[a.size()][b.size()];
-}
-
-// How many edits still count as a typo of a word of this length.
-size_t TypoBudget(size_t length) { return length <= 3 ? 1 : length <= 6 ? 2 : 3; }
-
-std::string LastPart(const std::string& dotted) {
-  const size_t dot = dotted.rfind('.');
-  return dot == std::string::npos ? dotted : dotted.substr(dot + 1);
-}
-
-// The candidate closest to `word` within the typo budget, or "".
-std::string Closest(const std::string& word, const std::vector<std::string>& candidates) {
-  std::string best;
-  size_t best_distance = TypoBudget(word.size()) + 1;
-  for (const std::string& candidate : candidates) {
-    const size_t distance = EditDistance(word, candidate);
-    if (distance < best_distance) {
-      best = candidate;
-      best_distance = distance;
-    }
-  }
-  return best;
-}
-
-// "source:line: ", or "source: " where yaml-cpp has no position.
-std::string Where(const std::string& source, const YAML::Mark& mark) {
-  if (mark.is_null() || mark.line < 0) return source + ": ";
-  return source + ":" + std::to_string(mark.line + 1) + ": ";
-}
-
-// How a node looks, for "got ..." in messages.
-std::string Describe(const YAML::Node& node) {
-  switch (node.Type()) {
-    case YAML::NodeType::Scalar: {
-      std::string text = node.Scalar();
-      if (text.size() > 60) text = text.substr(0, 57) + "...";
-      return "'" + text + "'";
-    }
-    case YAML::NodeType::Sequence:
-      return "a list";
-    case YAML::NodeType::Map:
-      return "a map";
-    default:
-      return "nothing";
-  }
-}
-
-bool IsIntegerText(const std::string& text) {
-  size_t i = (!text.empty() && (text[0] == '+' || text[0] == '-')) ? 1 : 0;
-  if (i == text.size()) return false;
-  for (; i < text.size(); ++i) {
-    if (!std::isdigit(static_cast<unsigned char>(text[i]))) return false;
-  }
-  return true;
-}
-
-// Decimal or exponent notation only: YAML's .inf/.nan, hex and the like are not numbers here.
-std::optional<double> ParseFiniteNumber(const std::string& text) {
-  bool has_digit = false;
-  for (char c : text) {
-    if (std::isdigit(static_cast<unsigned char>(c))) {
-      has_digit = true;
-    } else if (c != '.' && c != 'e' && c != 'E' && c != '+' && c != '-') {
-      return std::nullopt;
-    }
-  }
-  if (!has_digit) return std::nullopt;
-  // from_chars takes no leading '+'.
-  const char* begin = text.data() + (text[0] == '+' ? 1 : 0);
-  const char* end = text.data() + text.size();
-  if (begin != end && *begin == '+') return std::nullopt;
-  double value = 0;
-  const auto [ptr, ec] = std::from_chars(begin, end, value, std::chars_format::general);
-  if (ec != std::errc() || ptr != end) return std::nullopt;
-  return value;
-}
-
-// One value of the spec: its node, dotted key and position, and typed readers
-// whose errors read "source:line: key: what".
-class Value {
- public:
-  // `mark` is where errors point: the key's position for a key's value (yaml-cpp
-  // places an empty value on the next line), the entry's own for list entries.
-  Value(YAML::Node node, std::string key, std::string source, const YAML::Mark& mark)
-      : node_(std::move(node)), key_(std::move(key)), source_(std::move(source)), mark_(mark) {}
-
-  const YAML::Node& node() const { return node_; }
-  const std::string& key() const { return key_; }
-  const std::string& source() const { return source_; }
-  // The scalar's text as written, so range errors quote the spec.
-  const std::string& text() const { return node_.Scalar(); }
-
-  Status Error(const std::string& what) const {
-    return Status::Error(Where(source_, mark_) + key_ + ": " + what);
-  }
-  Status Expected(const std::string& what, const std::string& hint = "") const {
-    return Error("expected " + what + ", got " + Describe(node_) + hint);
-  }
-
-  StatusOr<std::string> String() const {
-    if (!node_.IsScalar()) return Expected("a string");
-    if (node_.Scalar().empty()) return Error("must not be empty");
-    return node_.Scalar();
-  }
-
-  StatusOr<int64_t> Int() const {
-    if (!node_.IsScalar() || !IsIntegerText(node_.Scalar())) return Expected("an integer");
-    const std::string& s = node_.Scalar();
-    int64_t value = 0;
-    const char* begin = s.data() + (s[0] == '+' ? 1 : 0);
-    const auto [ptr, ec] = std::from_chars(begin, s.data() + s.size(), value);
-    if (ec != std::errc() || ptr != s.data() + s.size()) return Error(s + " is out of range");
-    return value;
-  }
-
-  StatusOr<uint64_t> Uint() const {
-    if (!node_.IsScalar() || !IsIntegerText(node_.Scalar()) || node_.Scalar()[0] == '-') {
-      return Expected("a non-negative integer");
-    }
-    const std::string& s = node_.Scalar();
-    uint64_t value = 0;
-    const char* begin = s.data() + (s[0] == '+' ? 1 : 0);
-    const auto [ptr, ec] = std::from_chars(begin, s.data() + s.size(), value);
-    if (ec != std::errc() || ptr != s.data() + s.size()) return Error(s + " is out of range");
-    return value;
-  }
-
-  StatusOr<double> Number() const {
-    if (!node_.IsScalar()) return Expected("a number");
-    const std::optional<double> value = ParseFiniteNumber(node_.Scalar());
-    if (!value) return Expected("a number");
-    return *value;
-  }
-
-  StatusOr<bool> Bool() const {
-    static const std::set<std::string> kTrue = {"true", "True", "TRUE", "yes", "Yes",
-                                                "YES",  "on",   "On",   "ON"};
-    static const std::set<std::string> kFalse = {"false", "False", "FALSE", "no", "No",
-                                                 "NO",    "off",   "Off",   "OFF"};
-    if (node_.IsScalar()) {
-      if (kTrue.count(node_.Scalar())) return true;
-      if (kFalse.count(node_.Scalar())) return false;
-    }
-    return Expected("true or false");
-  }
-
-  StatusOr<std::string> OneOf(const std::vector<std::string>& allowed) const {
-    TRAINERD_ASSIGN_OR_RETURN(std::string value, String());
-    if (std::find(allowed.begin(), allowed.end(), value) != allowed.end()) return value;
-    std::string message = "unknown value '" + value + "'; allowed: " + Join(allowed, ", ");
-    const std::string close = Closest(value, allowed);
-    if (!close.empty()) message += " (did you mean '" + close + "'?)";
-    return Error(message);
-  }
-
- private:
-  YAML::Node node_;
-  std::string key_;
-  std::string source_;
-  YAML::Mark mark_;
-};
-
-std::string ResolvePath(const std::string& base_dir, const std::string& text) {
-  fs::path path(text);
-  if (path.is_relative()) path = fs::path(base_dir) / path;
-  path = path.lexically_normal();
-  // "out/" and "out" name the same folder; keep one spelling.
-  if (!path.has_filename() && path.has_relative_path()) path = path.parent_path();
-  return path.string();
-}
-
-Status SetPath(const Value& v, const std::string& base_dir, std::string* out) {
-  TRAINERD_ASSIGN_OR_RETURN(std::string text, v.String());
-  *out = ResolvePath(base_dir, text);
-  return Status::Ok();
-}
-
-Status SetString(const Value& v, const std::vector<std::string>& allowed, std::string* out) {
-  TRAINERD_ASSIGN_OR_RETURN(*out, v.OneOf(allowed));
-  return Status::Ok();
-}
-
-Status SetBool(const Value& v, bool* out) {
-  TRAINERD_ASSIGN_OR_RETURN(*out, v.Bool());
-  return Status::Ok();
-}
-
-Status SetInt(const Value& v, int64_t min, int64_t* out) {
-  TRAINERD_ASSIGN_OR_RETURN(int64_t value, v.Int());
-  if (value < min) return v.Error("must be >= " + std::to_string(min) + ", got " + v.text());
-  *out = value;
-  return Status::Ok();
-}
-
-enum class Range {
-  kPositive,     // > 0
-  kNonNegative,  // >= 0
-  kFraction,     // [0, 1)
-};
-
-Status SetNumber(const Value& v, Range range, double* out) {
-  TRAINERD_ASSIGN_OR_RETURN(double value, v.Number());
-  switch (range) {
-    case Range::kPositive:
-      if (!(value > 0)) return v.Error("must be > 0, got " + v.text());
-      break;
-    case Range::kNonNegative:
-      if (!(value >= 0)) return v.Error("must be >= 0, got " + v.text());
-      break;
-    case Range::kFraction:
-      if (!(value >= 0 && value < 1)) return v.Error("must be in [0, 1), got " + v.text());
-      break;
-  }
-  *out = value;
-  return Status::Ok();
-}
+using yaml::Closest;
+using yaml::Join;
+using yaml::Range;
+using yaml::SetBool;
+using yaml::SetInt;
+using yaml::SetNumber;
+using yaml::SetPath;
+using yaml::SetString;
+using yaml::Value;
+using yaml::Where;
 
 Status SetDataFormat(const Value& v, std::string* out) {
   return SetString(v, {"auto", "tokens", "text", "completion", "chat"}, out);
@@ -462,29 +233,6 @@ const std::vector<Field>& Fields() {
 
 const std::vector<std::string> kSections = {"model", "adapter", "data", "training", "output"};
 
-const Field* FindField(const std::string& key) {
-  for (const Field& field : Fields()) {
-    if (key == field.key) return &field;
-  }
-  return nullptr;
-}
-
-// The names a map takes: under "" the top-level keys and sections, under a
-// section its keys.
-std::vector<std::string> KeysUnder(const std::string& prefix) {
-  std::vector<std::string> names;
-  for (const Field& field : Fields()) {
-    const std::string key = field.key;
-    if (prefix.empty()) {
-      const std::string first = key.substr(0, key.find('.'));
-      if (std::find(names.begin(), names.end(), first) == names.end()) names.push_back(first);
-    } else if (key.compare(0, prefix.size() + 1, prefix + ".") == 0) {
-      names.push_back(key.substr(prefix.size() + 1));
-    }
-  }
-  return names;
-}
-
 // Names other trainers use (Hugging Face TrainingArguments, PEFT's LoraConfig),
 // matched on the last part of the key wherever it is written.
 const std::map<std::string, std::string>& ForeignNames() {
@@ -513,44 +261,36 @@ const std::map<std::string, std::string>& ForeignNames() {
   return kNames;
 }
 
-// The known key an unknown one most likely meant, or "": a typo of the dotted
-// key, a known key written in the wrong section, or another trainer's name for it.
-std::string SuggestKey(const std::string& unknown) {
-  const std::string last = LastPart(unknown);
-  const auto foreign = ForeignNames().find(last);
-  if (foreign != ForeignNames().end()) return foreign->second;
-  std::string best;
-  size_t best_distance = TypoBudget(last.size()) + 1;
-  std::vector<std::string> known(kSections);
-  for (const Field& field : Fields()) known.push_back(field.key);
-  for (const std::string& key : known) {
-    // Same name in another section costs one edit on top of any typo in the name.
-    const size_t distance =
-        std::min(EditDistance(unknown, key), EditDistance(last, LastPart(key)) + 1);
-    if (distance < best_distance) {
-      best = key;
-      best_distance = distance;
-    }
+// The keys a job spec takes, in the order of Fields().
+const yaml::Schema& SpecSchema() {
+  static const yaml::Schema kSchema = [] {
+    yaml::Schema schema;
+    for (const Field& field : Fields()) schema.keys.push_back(field.key);
+    schema.sections = kSections;
+    schema.foreign_names = ForeignNames();
+    return schema;
+  }();
+  return kSchema;
+}
+
+const Field* FindField(const std::string& key) {
+  for (const Field& field : Fields()) {
+    if (key == field.key) return &field;
   }
-  return best;
+  return nullptr;
 }
 
 class SpecParser {
  public:
-  SpecParser(std::string source, std::string base_dir) {
+  SpecParser(std::string source, std::string base_dir)
+      : reader_(source, &SpecSchema()) {
     spec_.source = std::move(source);
     spec_.base_dir = std::move(base_dir);
   }
 
   StatusOr<JobSpec> Parse(const std::string& text) {
-    std::vector<YAML::Node> documents;
-    try {
-      documents = YAML::LoadAll(text);
-    } catch (const YAML::ParserException& e) {
-      return Status::Error(Where(spec_.source, e.mark) + "YAML syntax error: " + e.msg);
-    } catch (const YAML::Exception& e) {
-      return Status::Error(spec_.source + ": cannot read the YAML: " + e.what());
-    }
+    TRAINERD_ASSIGN_OR_RETURN(const std::vector<YAML::Node> documents,
+                              yaml::LoadDocuments(text, spec_.source));
     if (documents.empty() || (documents.size() == 1 && documents[0].IsNull())) {
       return Status::Error(spec_.source +
                            ": the job spec is empty; it needs at least model.path, data.train and "
@@ -564,7 +304,7 @@ class SpecParser {
     if (!root.IsMap()) {
       return Status::Error(Where(spec_.source, root.Mark()) +
                            "a job spec is a map of keys (task:, model:, data:, ...), got " +
-                           Describe(root));
+                           yaml::Describe(root));
     }
     try {
       TRAINERD_RETURN_IF_ERROR(ReadMap(root, ""));
@@ -578,59 +318,20 @@ class SpecParser {
  private:
   // Reads the entries of `map`, the root (prefix "") or a section ("training").
   Status ReadMap(const YAML::Node& map, const std::string& prefix) {
-    // Entries are copied: yaml-cpp's iterator hands out a temporary pair.
-    // Duplicate keys stay separate entries, so they can be reported.
-    for (const YAML::const_iterator::value_type entry : map) {
-      const YAML::Node key_node = entry.first;
-      const YAML::Node value = entry.second;
-      const std::string where = Where(spec_.source, key_node.Mark());
-      if (!key_node.IsScalar() || key_node.Scalar().empty()) {
-        return Status::Error(where + "keys are plain names, got " + Describe(key_node));
-      }
-      const std::string& name = key_node.Scalar();
-      const std::string key = prefix.empty() ? name : prefix + "." + name;
-      if (name.find('.') != std::string::npos) {
-        return Status::Error(where + "key '" + key +
-                             "': write keys nested, one level per section, not dotted "
-                             "(e.g. 'training:' then an indented 'learning_rate:')");
-      }
-      const auto [seen, inserted] = lines_.emplace(key, key_node.Mark().line + 1);
-      if (!inserted) {
-        return Status::Error(where + "duplicate key '" + key + "' (first set on line " +
-                             std::to_string(seen->second) + ")");
-      }
-      if (prefix.empty() &&
-          std::find(kSections.begin(), kSections.end(), name) != kSections.end()) {
-        TRAINERD_RETURN_IF_ERROR(ReadSection(value, name, key_node.Mark()));
-        continue;
-      }
-      const Field* field = FindField(key);
-      if (field == nullptr) {
-        std::string message = where + "unknown key '" + key + "'";
-        const std::string suggestion = SuggestKey(key);
-        if (!suggestion.empty()) {
-          message += "; did you mean '" + suggestion + "'?";
-        } else {
-          message += "; " + (prefix.empty() ? std::string("the top level") : prefix) +
-                     " takes: " + Join(KeysUnder(prefix), ", ");
-        }
-        return Status::Error(message);
-      }
-      if (value.IsNull()) {
-        return Status::Error(where + key + ": has no value; remove the key to use the default");
-      }
-      TRAINERD_RETURN_IF_ERROR(
-          field->read(Value(value, key, spec_.source, key_node.Mark()), &spec_));
-    }
-    return Status::Ok();
+    return reader_.Read(
+        map, prefix, [this](const Value& section) { return ReadSection(section); },
+        [this](const Value& v) { return FindField(v.key())->read(v, &spec_); });
   }
 
   // An empty section ("adapter:" alone) counts as present with every default:
   // for `adapter`, that is LoRA with default settings.
-  Status ReadSection(const YAML::Node& value, const std::string& name, const YAML::Mark& mark) {
+  Status ReadSection(const Value& section) {
+    const YAML::Node& value = section.node();
+    const std::string& name = section.key();
     if (!value.IsMap() && !value.IsNull()) {
-      std::string message = Where(spec_.source, mark) + name +
-                            ": expected a section (a map of indented keys), got " + Describe(value);
+      std::string message = Where(spec_.source, section.mark()) + name +
+                            ": expected a section (a map of indented keys), got " +
+                            yaml::Describe(value);
       if (name == "model" && value.IsScalar()) {
         message += " (write 'model: {path: " + value.Scalar() + "}')";
       }
@@ -643,11 +344,9 @@ class SpecParser {
 
   // A required key is reported at its section's line when the section is there.
   Status Missing(const std::string& key, const std::string& why) const {
-    const std::string section = key.substr(0, key.find('.'));
-    const auto line = lines_.find(section);
-    const std::string where = line == lines_.end()
-                                  ? spec_.source + ": "
-                                  : spec_.source + ":" + std::to_string(line->second) + ": ";
+    const int line = reader_.LineOf(key.substr(0, key.find('.')));
+    const std::string where = line == 0 ? spec_.source + ": "
+                                        : spec_.source + ":" + std::to_string(line) + ": ";
     return Status::Error(where + "missing required key '" + key + "' (" + why + ")");
   }
 
@@ -685,14 +384,14 @@ class SpecParser {
 
   // Two keys that cannot go together, reported at the first one's line.
   Status Conflict(const std::string& key, const std::string& why) const {
-    const auto line = lines_.find(key);
+    const int line = reader_.LineOf(key);
     const std::string where =
-        line == lines_.end() ? spec_.source + ": " : spec_.source + ":" + std::to_string(line->second) + ": ";
+        line == 0 ? spec_.source + ": " : spec_.source + ":" + std::to_string(line) + ": ";
     return Status::Error(where + key + ": " + why);
   }
 
   JobSpec spec_;
-  std::map<std::string, int> lines_;  // dotted key -> 1-based line it was set on
+  yaml::MapReader reader_;  // remembers the line each key was set on
 };
 
 }  // namespace
