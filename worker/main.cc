@@ -1,12 +1,18 @@
 // trainerd-worker: runs one job in the foreground.
 //
-//   trainerd-worker run JOB.yaml [--resume]
+//   trainerd-worker run JOB.yaml [--resume] [--events-fd N]
 //   trainerd-worker tokenize MODEL_DIR|tokenizer.json [--threads N]  (JSONL text in, JSONL ids out)
 //   trainerd-worker preview JOB.yaml [-n N]         (the data as it will be trained)
 //
 // Exit status: 0 the job succeeded; 1 it failed (one line on stderr says
 // why); 2 usage error; 75 stopped by SIGTERM/SIGINT after writing a checkpoint
 // (resume with --resume).
+//
+// With --events-fd N (trainerd spawns it so) the run also writes its events as
+// trainerd.proto.WorkerEvent frames to the inherited fd N, ending with one
+// Finished (worker/event_reporter.h); the console output and exit status are
+// the same. If the reader goes away the job goes on without events.
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <charconv>
@@ -16,6 +22,7 @@
 #include <cstring>
 #include <future>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -26,6 +33,7 @@
 #include "engine/parallel_map.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "worker/console_reporter.h"
+#include "worker/event_reporter.h"
 #include "worker/preview.h"
 
 namespace {
@@ -39,12 +47,14 @@ std::atomic<bool> g_stop{false};
 void OnStopSignal(int) { g_stop.store(true); }
 
 const char kUsage[] =
-    "usage: trainerd-worker run JOB.yaml [--resume]\n"
+    "usage: trainerd-worker run JOB.yaml [--resume] [--events-fd N]\n"
     "       trainerd-worker tokenize MODEL_DIR|tokenizer.json [--threads N]\n"
     "       trainerd-worker preview JOB.yaml [-n N]\n"
     "\n"
     "  run JOB.yaml   run a fine-tuning or eval job in the foreground\n"
     "    --resume     continue from the newest checkpoint in output.dir/checkpoints\n"
+    "    --events-fd N  also write the run's events (trainerd.proto WorkerEvent frames)\n"
+    "                 to the open, writable file descriptor N (3 or above)\n"
     "  tokenize PATH  read JSONL {\"text\": ...} lines on stdin, write {\"ids\": [...]} lines\n"
     "                 on stdout, special tokens added as the tokenizer's post-processor says\n"
     "    --threads N  encode on N threads (default: all cores); the output is the same for any N\n"
@@ -55,27 +65,83 @@ const char kUsage[] =
     "SIGTERM or Ctrl-C finishes the current step, writes a checkpoint and exits with 75.\n"
     "Job files are documented in docs/job-spec.md.\n";
 
-int Run(const std::string& spec_path, bool resume) {
-  auto spec = trainerd::ParseJobSpecFile(spec_path);
-  if (!spec.ok()) {
-    std::fprintf(stderr, "error: %s\n", spec.status().message().c_str());
-    return kExitFailed;
+// Passes every event to each of its reporters in turn.
+class FanOutReporter : public trainerd::engine::Reporter {
+ public:
+  explicit FanOutReporter(std::vector<trainerd::engine::Reporter*> reporters) : reporters_(std::move(reporters)) {}
+  void OnStart(const trainerd::engine::RunInfo& info) override {
+    for (auto* r : reporters_) r->OnStart(info);
   }
+  void OnProgress(const trainerd::engine::ProgressEvent& e) override {
+    for (auto* r : reporters_) r->OnProgress(e);
+  }
+  void OnEval(const trainerd::engine::EvalEvent& e) override {
+    for (auto* r : reporters_) r->OnEval(e);
+  }
+  void OnCheckpoint(const trainerd::engine::CheckpointEvent& e) override {
+    for (auto* r : reporters_) r->OnCheckpoint(e);
+  }
+  void OnMessage(const std::string& text) override {
+    for (auto* r : reporters_) r->OnMessage(text);
+  }
+
+ private:
+  std::vector<trainerd::engine::Reporter*> reporters_;
+};
+
+// The fd of `--events-fd VALUE`, or -1 with the reason in *error: VALUE must
+// be a number of an fd open for writing, and not stdin, stdout or stderr.
+int ParseEventsFd(const std::string& value, std::string* error) {
+  int fd = -1;
+  auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), fd);
+  if (value.empty() || ec != std::errc() || end != value.data() + value.size() || fd < 0) {
+    *error = "--events-fd wants a file descriptor number, got '" + value + "'";
+    return -1;
+  }
+  if (fd <= STDERR_FILENO) {
+    *error = "--events-fd " + value + " is stdin, stdout or stderr; pass an fd of 3 or above";
+    return -1;
+  }
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags == -1) {
+    *error = "--events-fd " + value + ": fd " + value + " is not open";
+    return -1;
+  }
+  if ((flags & O_ACCMODE) == O_RDONLY) {
+    *error = "--events-fd " + value + ": fd " + value + " is not open for writing";
+    return -1;
+  }
+  return fd;
+}
+
+// Runs the job; with events_fd >= 0 also reports it there as WorkerEvent frames.
+int Run(const std::string& spec_path, bool resume, int events_fd) {
+  std::optional<trainerd::worker::EventReporter> events;
+  if (events_fd >= 0) events.emplace(events_fd);
+  auto fail = [&events](const std::string& message) {
+    std::fprintf(stderr, "error: %s\n", message.c_str());
+    if (events) events->Finish(/*stopped=*/false, /*output_path=*/"", /*eval_loss=*/0, message);
+    return kExitFailed;
+  };
+
+  auto spec = trainerd::ParseJobSpecFile(spec_path);
+  if (!spec.ok()) return fail(spec.status().message());
   struct sigaction sa {};
   sa.sa_handler = OnStopSignal;
   sigemptyset(&sa.sa_mask);
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGINT, &sa, nullptr);
 
-  trainerd::worker::ConsoleReporter reporter(spec->output.dir);
+  trainerd::worker::ConsoleReporter console(spec->output.dir);
+  std::vector<trainerd::engine::Reporter*> reporters{&console};
+  if (events) reporters.push_back(&*events);
+  FanOutReporter reporter(std::move(reporters));
   trainerd::engine::RunOptions options;
   options.resume = resume;
   options.stop = &g_stop;
   auto result = trainerd::engine::RunJob(*spec, options, reporter);
-  if (!result.ok()) {
-    std::fprintf(stderr, "error: %s\n", result.status().message().c_str());
-    return kExitFailed;
-  }
+  if (!result.ok()) return fail(result.status().message());
+  if (events) events->Finish(result->stopped, result->output_path, result->eval_loss, /*error=*/"");
   if (result->stopped) {
     std::fprintf(stderr, "stopped after step %lld; checkpoint written, resume with --resume\n",
                  static_cast<long long>(result->steps));
@@ -219,9 +285,23 @@ int main(int argc, char** argv) {
   if (args[0] == "run") {
     std::string spec;
     bool resume = false;
+    int events_fd = -1;
     for (size_t i = 1; i < args.size(); ++i) {
       if (args[i] == "--resume") {
         resume = true;
+      } else if (args[i] == "--events-fd" || args[i].rfind("--events-fd=", 0) == 0) {
+        std::string value;
+        if (args[i] != "--events-fd") {
+          value = args[i].substr(std::strlen("--events-fd="));
+        } else if (i + 1 < args.size()) {
+          value = args[++i];
+        }
+        std::string error;
+        events_fd = ParseEventsFd(value, &error);
+        if (events_fd < 0) {
+          std::fprintf(stderr, "error: %s\n\n%s", error.c_str(), kUsage);
+          return kExitUsage;
+        }
       } else if (args[i] == "--help" || args[i] == "-h") {
         std::fputs(kUsage, stdout);
         return 0;
@@ -239,7 +319,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "error: run needs a job file\n\n%s", kUsage);
       return kExitUsage;
     }
-    return Run(spec, resume);
+    return Run(spec, resume, events_fd);
   }
   if (args[0] == "preview") {
     std::string spec_path;
