@@ -81,6 +81,15 @@ static_assert(sizeof(kMigrations) / sizeof(kMigrations[0]) == JobStore::kSchemaV
   "progress_peak_memory_bytes, progress_elapsed_seconds, progress_eta_seconds, "                 \
   "progress_eval_loss, result_exit_code, result_signal, result_output_path, result_eval_loss, "  \
   "reason"
+// The same columns with the spec text left out (ListDetail::kWithoutSpec).
+#define TRAINERD_JOB_SUMMARY_COLUMNS                                                                 \
+  "id, name, owner_uid, state, priority, queue_pos, submitted_unix_ms, started_unix_ms, "          \
+  "finished_unix_ms, attempt, '', spec_source, spec_base_dir, '', output_dir, "                    \
+  "log_path, device, progress_step, progress_total_steps, progress_epoch, progress_loss, "         \
+  "progress_learning_rate, progress_grad_norm, progress_tokens_per_second, progress_mfu, "         \
+  "progress_peak_memory_bytes, progress_elapsed_seconds, progress_eta_seconds, "                   \
+  "progress_eval_loss, result_exit_code, result_signal, result_output_path, result_eval_loss, "    \
+  "reason"
 constexpr int kStateColumn = 3;
 
 constexpr const char* kRecoveredReason = "interrupted; resumes from its last checkpoint";
@@ -214,7 +223,7 @@ struct JobStore::Impl {
   std::unique_ptr<sqlite3, DbCloser> db;
 
   Statement begin, commit, rollback;
-  Statement insert, get, list_all, list_active, next_queued, state_of;
+  Statement insert, get, list_all, list_active, list_all_summary, list_active_summary, next_queued, state_of;
   Statement mark_running, update_progress, finish, cancel, set_paths;
   Statement recover_select, recover_min_pos, recover_update;
 
@@ -406,6 +415,10 @@ Status JobStore::Impl::PrepareAll() {
        "(SELECT COALESCE(MAX(id), 0) + 1 FROM jobs), ?4, ?5, ?6, ?7, ?8, ?9, ?10)"},
       {&get, "SELECT " TRAINERD_JOB_COLUMNS " FROM jobs WHERE id = ?1"},
       {&list_all, "SELECT " TRAINERD_JOB_COLUMNS " FROM jobs ORDER BY id"},
+      {&list_all_summary, "SELECT " TRAINERD_JOB_SUMMARY_COLUMNS " FROM jobs ORDER BY id"},
+      {&list_active_summary,
+       "SELECT " TRAINERD_JOB_SUMMARY_COLUMNS
+       " FROM jobs WHERE state IN ('queued', 'running', 'interrupted') ORDER BY id"},
       {&list_active,
        "SELECT " TRAINERD_JOB_COLUMNS " FROM jobs WHERE state IN ('queued', 'running', 'interrupted') ORDER BY id"},
       {&next_queued,
@@ -551,8 +564,11 @@ StatusOr<std::optional<JobRecord>> JobStore::Get(int64_t id) {
   return impl_->FetchOne(use, "read job " + std::to_string(id));
 }
 
-StatusOr<std::vector<JobRecord>> JobStore::List(bool include_ended, const std::vector<JobState>& states) {
-  const Statement& statement = (include_ended || !states.empty()) ? impl_->list_all : impl_->list_active;
+StatusOr<std::vector<JobRecord>> JobStore::List(bool include_ended, const std::vector<JobState>& states,
+                                                ListDetail detail) {
+  const bool all = include_ended || !states.empty();
+  const Statement& statement = detail == ListDetail::kFull ? (all ? impl_->list_all : impl_->list_active)
+                                                           : (all ? impl_->list_all_summary : impl_->list_active_summary);
   StatementUse use(statement);
   std::vector<JobRecord> jobs;
   int rc;

@@ -134,10 +134,16 @@ class JobStore {
   // The job, or nullopt when there is no job `id`.
   StatusOr<std::optional<JobRecord>> Get(int64_t id);
 
+  // How much of each job List reads: everything, or all but spec_yaml and
+  // spec_json (left empty), which are most of a row's bytes and which a job
+  // table does not show.
+  enum class ListDetail { kFull, kWithoutSpec };
+
   // Jobs ordered by id. A non-empty `states` selects exactly the jobs in those
   // states; otherwise include_ended=false keeps queued, running and
   // interrupted jobs, and include_ended=true keeps every job.
-  StatusOr<std::vector<JobRecord>> List(bool include_ended, const std::vector<JobState>& states = {});
+  StatusOr<std::vector<JobRecord>> List(bool include_ended, const std::vector<JobState>& states = {},
+                                        ListDetail detail = ListDetail::kFull);
 
   // The queued job to run next: the highest priority, then the lowest
   // queue_pos (FIFO). nullopt when nothing is queued.
