@@ -1,5 +1,5 @@
-// Test helpers shared by every test binary: a temporary folder and an error
-// check. Torch-free; needs trainerd_engine_io (engine::RemoveTree, which also
+// Test helpers shared by every test binary: a temporary folder, an error
+// check, and the hidden leftovers of unfinished writes. Torch-free; needs trainerd_engine_io (engine::RemoveTree, which also
 // works in torch-linked binaries where std::filesystem::remove_all crashes).
 #pragma once
 
@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <initializer_list>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -43,6 +44,20 @@ inline void ExpectErrorContains(const Status& status, std::initializer_list<std:
     EXPECT_NE(status.message().find(part), std::string::npos)
         << "message lacks \"" << part << "\": " << status.message();
   }
+}
+
+// Entries of a folder whose names start with '.': leftovers of an unfinished write.
+inline std::vector<std::string> HiddenEntries(const std::string& dir) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec)) return out;
+  // Plain directory_iterator, recursing by hand: see engine::RemoveTree on why
+  // torch-linked code avoids recursive_directory_iterator.
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    if (e.path().filename().string().rfind('.', 0) == 0) out.push_back(e.path().string());
+    for (auto& inner : HiddenEntries(e.path().string())) out.push_back(inner);
+  }
+  return out;
 }
 
 }  // namespace trainerd::testing

@@ -97,18 +97,4 @@ class RecordingReporter : public engine::Reporter {
   std::atomic<bool> stop{false};
 };
 
-// Entries of a folder whose names start with '.': leftovers of an unfinished write.
-inline std::vector<std::string> HiddenEntries(const std::string& dir) {
-  std::vector<std::string> out;
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec)) return out;
-  // Plain directory_iterator, recursing by hand: see engine::RemoveTree on why
-  // torch-linked code avoids recursive_directory_iterator.
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    if (e.path().filename().string().rfind('.', 0) == 0) out.push_back(e.path().string());
-    for (auto& inner : HiddenEntries(e.path().string())) out.push_back(inner);
-  }
-  return out;
-}
-
 }  // namespace trainerd::testing

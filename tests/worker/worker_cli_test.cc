@@ -26,6 +26,7 @@
 
 #include "worker/console_reporter.h"
 #include "tests/temp_dir.h"
+#include "tests/worker/worker_process.h"
 
 namespace trainerd::worker {
 namespace {
@@ -33,172 +34,25 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-const std::string kWorker = std::string(TRAINERD_BINARY_DIR) + "/worker/trainerd-worker";
-const std::string kModel = std::string(TRAINERD_FIXTURES) + "/llama/model";
-const std::string kTrain = std::string(TRAINERD_FIXTURES) + "/llama/lora_train/train.jsonl";
-const std::string kEval = std::string(TRAINERD_FIXTURES) + "/llama/eval.jsonl";
-const std::string kReference = std::string(TRAINERD_FIXTURES) + "/llama/reference.json";
-
-constexpr int kExitFailed = 1;
-constexpr int kExitUsage = 2;
-constexpr int kExitStopped = 75;
-
-// Longest a single worker run may take before the test kills it.
-constexpr auto kRunTimeout = std::chrono::seconds(60);
-
+using namespace testing;  // NOLINT: the worker-binary helpers of worker_process.h
+using trainerd::testing::HiddenEntries;
 using trainerd::testing::TempDir;
 
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
-void WriteText(const std::string& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary);
-  out << text;
-}
-
-std::vector<std::string> Lines(const std::string& text) {
-  std::vector<std::string> lines;
-  std::istringstream in(text);
-  for (std::string line; std::getline(in, line);) lines.push_back(line);
-  return lines;
-}
-
-// Entries anywhere under `dir` whose names start with '.': leftovers of an
-// unfinished durable write.
-std::vector<std::string> HiddenEntries(const std::string& dir) {
-  std::vector<std::string> hidden;
-  std::error_code ec;
-  if (!fs::exists(dir, ec)) return hidden;
-  for (const auto& e : fs::recursive_directory_iterator(dir, ec)) {
-    if (e.path().filename().string().rfind('.', 0) == 0) hidden.push_back(e.path().string());
-  }
-  return hidden;
-}
-
-// A running trainerd-worker whose stdout and stderr go to files (no pipes, so
-// a chatty child can never block on a full pipe).
-class WorkerProcess {
- public:
-  // Starts the worker with `args`; logs land in `log_dir`.
-  WorkerProcess(const std::vector<std::string>& args, const std::string& log_dir) {
-    static int counter = 0;
-    const std::string stem = log_dir + "/worker-" + std::to_string(++counter);
-    out_path_ = stem + ".stdout";
-    err_path_ = stem + ".stderr";
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      int out = ::open(out_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      int err = ::open(err_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      if (out < 0 || err < 0) ::_exit(126);
-      ::dup2(out, STDOUT_FILENO);
-      ::dup2(err, STDERR_FILENO);
-      // ctest -j runs these next to each other (and next to the torch tests) on
-      // small machines, where LibTorch's spinning OpenMP threads slow a
-      // contended run tenfold; one thread is as fast as two on the tiny fixture.
-      ::setenv("OMP_NUM_THREADS", "1", /*overwrite=*/0);
-      std::vector<char*> argv;
-      argv.push_back(const_cast<char*>(kWorker.c_str()));
-      for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-      argv.push_back(nullptr);
-      ::execv(kWorker.c_str(), argv.data());
-      ::_exit(127);
-    }
-  }
-  ~WorkerProcess() {
-    if (pid_ > 0 && !exited_) {
-      ::kill(pid_, SIGKILL);
-      int status;
-      ::waitpid(pid_, &status, 0);
-    }
-  }
-  WorkerProcess(const WorkerProcess&) = delete;
-  WorkerProcess& operator=(const WorkerProcess&) = delete;
-
-  bool started() const { return pid_ > 0; }
-  bool Signal(int sig) const { return ::kill(pid_, sig) == 0; }
-  // True while the child has not exited (reaps it once it has).
-  bool Running() {
-    if (exited_) return false;
-    int status;
-    if (::waitpid(pid_, &status, WNOHANG) == pid_) Record(status);
-    return !exited_;
-  }
-  // Waits for the exit (killing the child after kRunTimeout); returns the exit
-  // status, or -1 if it did not exit normally.
-  int Wait() {
-    const auto deadline = std::chrono::steady_clock::now() + kRunTimeout;
-    while (Running()) {
-      if (std::chrono::steady_clock::now() > deadline) {
-        ADD_FAILURE() << "trainerd-worker ran longer than " << kRunTimeout.count() << " s; killed";
-        ::kill(pid_, SIGKILL);
-        int status;
-        ::waitpid(pid_, &status, 0);
-        Record(status);
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-    return exit_code_;
-  }
-  std::string out() const { return ReadAll(out_path_); }
-  std::string err() const { return ReadAll(err_path_); }
-
- private:
-  void Record(int status) {
-    exited_ = true;
-    exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  }
-
-  pid_t pid_ = -1;
-  bool exited_ = false;
-  int exit_code_ = -1;
-  std::string out_path_, err_path_;
-};
+const std::string kReference = std::string(TRAINERD_FIXTURES) + "/llama/reference.json";
 
 struct Outcome {
   int exit_code;
   std::string out, err;
 };
 
-class WorkerCliTest : public ::testing::Test {
+class WorkerCliTest : public testing::WorkerBinaryTest {
  protected:
-  void SetUp() override {
-    ASSERT_FALSE(dir_.path().empty()) << "mkdtemp failed";
-    ASSERT_TRUE(fs::exists(kWorker)) << kWorker << " is not built";
-  }
-
-  std::string PathOf(const std::string& name) const { return dir_.path() + "/" + name; }
-
   Outcome Run(const std::vector<std::string>& args) {
     WorkerProcess p(args, dir_.path());
     EXPECT_TRUE(p.started()) << "fork failed";
     const int code = p.Wait();
     return {code, p.out(), p.err()};
   }
-
-  // Writes a job file and returns its path.
-  std::string WriteJob(const std::string& name, const std::string& yaml) {
-    const std::string path = PathOf(name);
-    WriteText(path, yaml);
-    return path;
-  }
-
-  // A LoRA finetune of the fixture on the CPU writing to `out_dir`;
-  // `training` is the body of the training: section (indented two spaces).
-  std::string LoraJobYaml(const std::string& out_dir, const std::string& training, bool with_eval) const {
-    std::string yaml = "model:\n  path: " + kModel +
-                       "\n"
-                       "adapter:\n  r: 4\n"
-                       "data:\n  train: " +
-                       kTrain + "\n";
-    if (with_eval) yaml += "  eval: " + kEval + "\n";
-    yaml += "training:\n" + training + "output:\n  dir: " + out_dir + "\ndevice: cpu\n";
-    return yaml;
-  }
-
-  TempDir dir_;
 };
 
 // Every line of metrics.jsonl, parsed.

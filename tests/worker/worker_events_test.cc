@@ -30,6 +30,7 @@
 #include "common/proto_framing.h"
 #include "proto/trainerd.pb.h"
 #include "tests/temp_dir.h"
+#include "tests/worker/worker_process.h"
 
 namespace trainerd::worker {
 namespace {
@@ -37,133 +38,14 @@ namespace {
 namespace fs = std::filesystem;
 using proto::WorkerEvent;
 
-const std::string kWorker = std::string(TRAINERD_BINARY_DIR) + "/worker/trainerd-worker";
-const std::string kModel = std::string(TRAINERD_FIXTURES) + "/llama/model";
-const std::string kTrain = std::string(TRAINERD_FIXTURES) + "/llama/lora_train/train.jsonl";
-const std::string kEval = std::string(TRAINERD_FIXTURES) + "/llama/eval.jsonl";
-
-constexpr int kExitFailed = 1;
-constexpr int kExitUsage = 2;
-constexpr int kExitStopped = 75;
-// The fd the worker is told to write events to.
-constexpr int kEventsFd = 3;
-
-// Longest a single worker run may take before the test kills it.
-constexpr auto kRunTimeout = std::chrono::seconds(60);
-
+using namespace testing;  // NOLINT: the worker-binary helpers of worker_process.h
 using trainerd::testing::TempDir;
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
-void WriteText(const std::string& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary);
-  out << text;
-}
-
-std::vector<std::string> Lines(const std::string& text) {
-  std::vector<std::string> lines;
-  std::istringstream in(text);
-  for (std::string line; std::getline(in, line);) lines.push_back(line);
-  return lines;
-}
 
 size_t Count(const std::string& text, const std::string& part) {
   size_t n = 0;
   for (size_t pos = text.find(part); pos != std::string::npos; pos = text.find(part, pos + 1)) ++n;
   return n;
 }
-
-// A running trainerd-worker with stdout and stderr in files and `child_fd`
-// (or nothing, when it is -1) as its fd 3. Every other fd of the test is
-// close-on-exec or closed in the child, so fd 3 is the only way events leave.
-class WorkerProcess {
- public:
-  WorkerProcess(const std::vector<std::string>& args, const std::string& log_dir, int child_fd) {
-    static int counter = 0;
-    const std::string stem = log_dir + "/worker-" + std::to_string(++counter);
-    out_path_ = stem + ".stdout";
-    err_path_ = stem + ".stderr";
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      int out = ::open(out_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-      int err = ::open(err_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-      if (out < 0 || err < 0) ::_exit(126);
-      ::dup2(out, STDOUT_FILENO);
-      ::dup2(err, STDERR_FILENO);
-      if (child_fd >= 0) {
-        if (child_fd == kEventsFd) {
-          ::fcntl(kEventsFd, F_SETFD, 0);  // keep it across exec
-        } else if (::dup2(child_fd, kEventsFd) < 0) {
-          ::_exit(126);
-        }
-      } else {
-        ::close(kEventsFd);
-      }
-      // As worker_cli_test: LibTorch's spinning OpenMP threads slow contended runs.
-      ::setenv("OMP_NUM_THREADS", "1", /*overwrite=*/0);
-      std::vector<char*> argv;
-      argv.push_back(const_cast<char*>(kWorker.c_str()));
-      for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-      argv.push_back(nullptr);
-      ::execv(kWorker.c_str(), argv.data());
-      ::_exit(127);
-    }
-  }
-  ~WorkerProcess() {
-    if (pid_ > 0 && !exited_) {
-      ::kill(pid_, SIGKILL);
-      int status;
-      ::waitpid(pid_, &status, 0);
-    }
-  }
-  WorkerProcess(const WorkerProcess&) = delete;
-  WorkerProcess& operator=(const WorkerProcess&) = delete;
-
-  bool started() const { return pid_ > 0; }
-  bool Signal(int sig) const { return ::kill(pid_, sig) == 0; }
-  bool Running() {
-    if (exited_) return false;
-    int status;
-    if (::waitpid(pid_, &status, WNOHANG) == pid_) Record(status);
-    return !exited_;
-  }
-  // Waits for the exit (killing the child after kRunTimeout); the exit status,
-  // or -1 if it did not exit normally (signal_ says which signal, if any).
-  int Wait() {
-    const auto deadline = std::chrono::steady_clock::now() + kRunTimeout;
-    while (Running()) {
-      if (std::chrono::steady_clock::now() > deadline) {
-        ADD_FAILURE() << "trainerd-worker ran longer than " << kRunTimeout.count() << " s; killed";
-        ::kill(pid_, SIGKILL);
-        int status;
-        ::waitpid(pid_, &status, 0);
-        Record(status);
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-    return exit_code_;
-  }
-  int signal() const { return signal_; }
-  std::string out() const { return ReadAll(out_path_); }
-  std::string err() const { return ReadAll(err_path_); }
-
- private:
-  void Record(int status) {
-    exited_ = true;
-    exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    signal_ = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
-  }
-
-  pid_t pid_ = -1;
-  bool exited_ = false;
-  int exit_code_ = -1;
-  int signal_ = 0;
-  std::string out_path_, err_path_;
-};
 
 // Reads WorkerEvent frames from `fd` until end of file (or kRunTimeout),
 // failing the test on a truncated or unparsable frame. `on_event`, if given,
@@ -236,30 +118,8 @@ struct Outcome {
   std::vector<WorkerEvent> events;
 };
 
-class WorkerEventsTest : public ::testing::Test {
+class WorkerEventsTest : public testing::WorkerBinaryTest {
  protected:
-  void SetUp() override {
-    ASSERT_FALSE(dir_.path().empty()) << "mkdtemp failed";
-    ASSERT_TRUE(fs::exists(kWorker)) << kWorker << " is not built";
-  }
-
-  std::string PathOf(const std::string& name) const { return dir_.path() + "/" + name; }
-
-  std::string WriteJob(const std::string& name, const std::string& yaml) {
-    const std::string path = PathOf(name);
-    WriteText(path, yaml);
-    return path;
-  }
-
-  // A LoRA finetune of the fixture on the CPU writing to `out_dir`;
-  // `training` is the body of the training: section (indented two spaces).
-  std::string LoraJobYaml(const std::string& out_dir, const std::string& training, bool with_eval) const {
-    std::string yaml = "model:\n  path: " + kModel + "\nadapter:\n  r: 4\ndata:\n  train: " + kTrain + "\n";
-    if (with_eval) yaml += "  eval: " + kEval + "\n";
-    yaml += "training:\n" + training + "output:\n  dir: " + out_dir + "\ndevice: cpu\n";
-    return yaml;
-  }
-
   // Runs the worker with `args` (which name fd 3) and a pipe or a socketpair
   // as fd 3, reading every event until it exits.
   Outcome RunWithEvents(const std::vector<std::string>& args, bool socket) {
@@ -286,8 +146,6 @@ class WorkerEventsTest : public ::testing::Test {
     const int code = p.Wait();
     return {code, p.signal(), p.out(), p.err(), {}};
   }
-
-  TempDir dir_;
 };
 
 // ---------------------------------------------------------------------------
