@@ -34,8 +34,7 @@ json ChatTokenizer() {
   json j = tokenizer::testing::ByteLevelBpe();
   int id = 266;
   for (const char* token : {"<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|im_start|>", "<|im_end|>"}) {
-    j["added_tokens"].push_back({{"id", id++}, {"content", token}, {"single_word", false}, {"lstrip", false},
-                                 {"rstrip", false}, {"normalized", false}, {"special", true}});
+    j["added_tokens"].push_back(tokenizer::testing::SpecialAddedToken(id++, token));
   }
   return j;
 }

@@ -27,6 +27,13 @@ inline std::string WriteJson(const std::string& dir, const nlohmann::json& j) {
 constexpr char kLlama3Regex[] =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 
+// An "added_tokens" entry of tokenizer.json for a special token matched in the
+// raw text (not normalized, no stripping).
+inline nlohmann::json SpecialAddedToken(int id, const std::string& content) {
+  return {{"id", id},        {"content", content},  {"single_word", false}, {"lstrip", false},
+          {"rstrip", false}, {"normalized", false}, {"special", true}};
+}
+
 // Byte-level BPE, Llama 3 style. Ids 0..255 are the byte-level characters in
 // byte order (so a lone byte b has id b: 'h' = 104, ' ' ("Ġ") = 32), then:
 //   256 "Ġt"   (merge rank 0: Ġ t)      257 "he"    (rank 1: h e)
@@ -43,10 +50,8 @@ inline nlohmann::json ByteLevelBpe(bool ignore_merges = false) {
   vocab["<|begin_of_text|>"] = 264;
   vocab["<|end|>"] = 265;
   json added = json::array();
-  added.push_back({{"id", 264}, {"content", "<|begin_of_text|>"}, {"single_word", false}, {"lstrip", false},
-                   {"rstrip", false}, {"normalized", false}, {"special", true}});
-  added.push_back({{"id", 265}, {"content", "<|end|>"}, {"single_word", false}, {"lstrip", false},
-                   {"rstrip", false}, {"normalized", false}, {"special", true}});
+  added.push_back(SpecialAddedToken(264, "<|begin_of_text|>"));
+  added.push_back(SpecialAddedToken(265, "<|end|>"));
   return json{
       {"version", "1.0"},
       {"truncation", nullptr},
@@ -112,8 +117,7 @@ inline nlohmann::json SentencePieceBpe() {
   json added = json::array();
   const char* specials[] = {"<unk>", "<s>", "</s>"};
   for (int i = 0; i < 3; ++i)
-    added.push_back({{"id", i}, {"content", specials[i]}, {"single_word", false}, {"lstrip", false},
-                     {"rstrip", false}, {"normalized", false}, {"special", true}});
+    added.push_back(SpecialAddedToken(i, specials[i]));
   return json{
       {"version", "1.0"},
       {"truncation", nullptr},
