@@ -167,11 +167,7 @@ StatusOr<RunResult> RunFinetune(const JobSpec& spec, const RunOptions& options, 
   DatasetLoader data(DataOptionsFor(spec, m.config.vocab_size),
                      [&reporter](const std::string& note) { reporter.OnMessage(note); });
   TRAINERD_ASSIGN_OR_RETURN(TokenDataset train, data.Load(spec.data.train));
-  int64_t train_tokens = 0, trained_tokens = 0;
-  for (const TokenExample& ex : train.examples) {
-    train_tokens += static_cast<int64_t>(ex.input_ids.size());
-    trained_tokens += ex.target_tokens();
-  }
+  const TokenDataset::TokenCounts train_counts = train.CountTokens();  // before packing
   std::optional<TokenDataset> eval;
   if (!spec.data.eval.empty()) {
     TRAINERD_ASSIGN_OR_RETURN(eval, data.Load(spec.data.eval));
@@ -201,8 +197,8 @@ StatusOr<RunResult> RunFinetune(const JobSpec& spec, const RunOptions& options, 
   for (const auto& [_, t] : trainable) info.trainable_params += t.numel();
   if (m.lora) info.total_params += info.trainable_params;
   info.train_examples = static_cast<int64_t>(train.examples.size());
-  info.train_tokens = train_tokens;
-  info.trained_tokens = trained_tokens;
+  info.train_tokens = train_counts.tokens;
+  info.trained_tokens = train_counts.trained;
   info.dropped_examples = train.dropped;
   info.truncated_examples = train.truncated;
   info.total_steps = trainer.total_steps();

@@ -3,6 +3,7 @@
 // type), with errors that name file:line. Torch-free.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <fstream>
 #include <string>
@@ -13,6 +14,9 @@
 #include "common/status.h"
 
 namespace trainerd::engine {
+
+// How much JSON the data loaders read (and tokenize) at a time.
+inline constexpr size_t kJsonlBlockBytes = size_t{64} << 20;
 
 struct JsonlLine {
   int64_t number = 0;  // 1-based line number in the file

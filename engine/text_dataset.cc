@@ -22,8 +22,6 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-// Lines are read and tokenized this many bytes of JSON at a time.
-constexpr size_t kBlockBytes = size_t{64} << 20;
 // Bump when the tokenization of any format changes, so old caches miss.
 constexpr const char* kTokenizationVersion = "trainerd-tokenization-1";
 
@@ -63,11 +61,12 @@ StatusOr<std::optional<int32_t>> EosIdFrom(const std::string& path) {
 
 
 // A special-token string of tokenizer_config.json ("bos_token", "eos_token"):
-// a string or {"content": ...}; empty when absent or null.
-StatusOr<std::string> ConfigToken(const std::optional<json>& config, const char* key, const std::string& path) {
-  if (!config || !config->is_object()) return std::string();
+// a string or {"content": ...}; nullopt when absent or null.
+StatusOr<std::optional<std::string>> ConfigToken(const std::optional<json>& config, const char* key,
+                                                 const std::string& path) {
+  if (!config || !config->is_object()) return std::optional<std::string>();
   const auto it = config->find(key);
-  if (it == config->end() || it->is_null()) return std::string();
+  if (it == config->end() || it->is_null()) return std::optional<std::string>();
   const json* content = &*it;
   if (it->is_object()) {
     const auto c = it->find("content");
@@ -77,7 +76,7 @@ StatusOr<std::string> ConfigToken(const std::optional<json>& config, const char*
   if (!content->is_string()) {
     return Status::Error(path + ": " + key + " must be a string or {\"content\": ...}, got " + it->dump());
   }
-  return content->get<std::string>();
+  return std::optional<std::string>(content->get<std::string>());
 }
 
 std::string FileName(const std::string& path) { return fs::path(path).filename().string(); }
@@ -121,22 +120,10 @@ StatusOr<std::string> DetectDataFormat(const std::string& path) {
 StatusOr<int32_t> FindEosTokenId(const std::string& model_dir, const tokenizer::Tokenizer& tokenizer) {
   const std::string config_path = (fs::path(model_dir) / "tokenizer_config.json").string();
   TRAINERD_ASSIGN_OR_RETURN(std::optional<json> config, ReadOptionalJson(config_path));
-  if (config && config->is_object()) {
-    const auto it = config->find("eos_token");
-    if (it != config->end() && !it->is_null()) {
-      const json* content = &*it;
-      if (it->is_object()) {
-        const auto c = it->find("content");
-        if (c == it->end()) return Status::Error(config_path + ": eos_token is an object without \"content\"");
-        content = &*c;
-      }
-      if (!content->is_string()) {
-        return Status::Error(config_path + ": eos_token must be a string or {\"content\": ...}, got " + it->dump());
-      }
-      const std::string token = content->get<std::string>();
-      if (std::optional<int32_t> id = tokenizer.TokenToId(token)) return *id;
-      return Status::Error(config_path + ": eos_token '" + token + "' is not a token of the model's tokenizer.json");
-    }
+  TRAINERD_ASSIGN_OR_RETURN(std::optional<std::string> token, ConfigToken(config, "eos_token", config_path));
+  if (token) {
+    if (std::optional<int32_t> id = tokenizer.TokenToId(*token)) return *id;
+    return Status::Error(config_path + ": eos_token '" + *token + "' is not a token of the model's tokenizer.json");
   }
   for (const char* name : {"config.json", "generation_config.json"}) {
     TRAINERD_ASSIGN_OR_RETURN(std::optional<int32_t> id, EosIdFrom((fs::path(model_dir) / name).string()));
@@ -186,7 +173,7 @@ StatusOr<TokenDataset> LoadTextDataset(const std::string& path, const ExampleEnc
   TRAINERD_RETURN_IF_ERROR(reader.Open());
   TokenDataset data;
   for (;;) {
-    TRAINERD_ASSIGN_OR_RETURN(std::vector<JsonlLine> block, reader.NextBlock(kBlockBytes));
+    TRAINERD_ASSIGN_OR_RETURN(std::vector<JsonlLine> block, reader.NextBlock(kJsonlBlockBytes));
     if (block.empty()) break;
     std::vector<Encoded> encoded = ParallelMap<Encoded>(block.size(), threads, [&](size_t i) {
       Encoded e;
@@ -270,8 +257,10 @@ Status DatasetLoader::Prepare(const std::string& format, const std::string& path
   if (!chat.ok()) return Status::Error("data.chat_template: " + chat.status().message());
   const std::string config_path = (fs::path(options_.model_dir) / "tokenizer_config.json").string();
   TRAINERD_ASSIGN_OR_RETURN(std::optional<json> config, ReadOptionalJson(config_path));
-  TRAINERD_ASSIGN_OR_RETURN(bos_token_, ConfigToken(config, "bos_token", config_path));
-  TRAINERD_ASSIGN_OR_RETURN(eos_token_, ConfigToken(config, "eos_token", config_path));
+  TRAINERD_ASSIGN_OR_RETURN(std::optional<std::string> bos, ConfigToken(config, "bos_token", config_path));
+  TRAINERD_ASSIGN_OR_RETURN(std::optional<std::string> eos, ConfigToken(config, "eos_token", config_path));
+  bos_token_ = bos.value_or("");
+  eos_token_ = eos.value_or("");
   auto require = [&](const std::string& token, const std::string& what) -> Status {
     if (token.empty()) {
       return Status::Error("data.chat_template " + name + " needs the " + what + " of " + config_path +
@@ -292,7 +281,7 @@ Status DatasetLoader::Prepare(const std::string& format, const std::string& path
   return Status::Ok();
 }
 
-StatusOr<std::string> DatasetLoader::CacheKey(const std::string& format, const std::string& path) const {
+StatusOr<std::string> DatasetLoader::CacheKey(const std::string& format, const std::string& path) {
   Sha256 hash;
   hash.UpdateField(kTokenizationVersion);
   hash.UpdateField(format);
@@ -300,9 +289,12 @@ StatusOr<std::string> DatasetLoader::CacheKey(const std::string& format, const s
   TRAINERD_RETURN_IF_ERROR(HashFile(path, &data_hash));
   hash.UpdateField(data_hash.HexDigest());
   if (format != "tokens") {
-    Sha256 tokenizer_hash;
-    TRAINERD_RETURN_IF_ERROR(HashFile(tokenizer_path_, &tokenizer_hash));
-    hash.UpdateField(tokenizer_hash.HexDigest());
+    if (tokenizer_digest_.empty()) {  // once per job: train and eval share the tokenizer
+      Sha256 tokenizer_hash;
+      TRAINERD_RETURN_IF_ERROR(HashFile(tokenizer_path_, &tokenizer_hash));
+      tokenizer_digest_ = tokenizer_hash.HexDigest();
+    }
+    hash.UpdateField(tokenizer_digest_);
     hash.UpdateField(std::to_string(eos_id_));
     hash.UpdateField(options_.train_on_prompt ? "train_on_prompt" : "mask_prompt");
   }

@@ -81,7 +81,7 @@ class DatasetLoader {
 
  private:
   Status Prepare(const std::string& format, const std::string& path);
-  StatusOr<std::string> CacheKey(const std::string& format, const std::string& path) const;
+  StatusOr<std::string> CacheKey(const std::string& format, const std::string& path);
   StatusOr<TokenDataset> LoadUncached(const std::string& format, const std::string& path);
   void Note(const std::string& text) const;
 
@@ -89,6 +89,7 @@ class DatasetLoader {
   NoteFn note_;
   std::unique_ptr<tokenizer::Tokenizer> tokenizer_;
   std::string tokenizer_path_;
+  std::string tokenizer_digest_;  // SHA-256 of tokenizer.json, for the cache key; empty until needed
   int32_t eos_id_ = -1;
   std::unique_ptr<ChatTemplate> chat_template_;
   std::string bos_token_, eos_token_;

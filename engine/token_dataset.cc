@@ -15,6 +15,15 @@ int64_t TokenExample::target_tokens() const {
   return n;
 }
 
+TokenDataset::TokenCounts TokenDataset::CountTokens() const {
+  TokenCounts counts;
+  for (const TokenExample& ex : examples) {
+    counts.tokens += static_cast<int64_t>(ex.input_ids.size());
+    counts.trained += ex.target_tokens();
+  }
+  return counts;
+}
+
 void TokenDataset::Add(TokenExample ex, int64_t max_seq_len) {
   if (static_cast<int64_t>(ex.input_ids.size()) > max_seq_len) {
     ex.input_ids.resize(max_seq_len);
@@ -92,7 +101,7 @@ StatusOr<TokenDataset> LoadTokenDataset(const std::string& path, int64_t vocab_s
   TRAINERD_RETURN_IF_ERROR(reader.Open());
   TokenDataset data;
   for (;;) {
-    TRAINERD_ASSIGN_OR_RETURN(std::vector<JsonlLine> block, reader.NextBlock(size_t{64} << 20));
+    TRAINERD_ASSIGN_OR_RETURN(std::vector<JsonlLine> block, reader.NextBlock(kJsonlBlockBytes));
     if (block.empty()) break;
     for (const JsonlLine& line : block) {
       TRAINERD_RETURN_IF_ERROR(AddLine(line, path, vocab_size, max_seq_len, &data));

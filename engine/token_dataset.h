@@ -32,6 +32,14 @@ struct TokenDataset {
   int64_t truncated = 0;  // examples cut to max_seq_len
   int64_t dropped = 0;    // examples with no target token left (after truncation)
 
+  // Tokens of all examples, and how many of them are targets of the loss
+  // (the sums of input_ids.size() and target_tokens()).
+  struct TokenCounts {
+    int64_t tokens = 0;
+    int64_t trained = 0;
+  };
+  TokenCounts CountTokens() const;
+
   // Adds one example: truncated to max_seq_len (counted), or dropped (counted)
   // when nothing is left to train. Every data format goes through here.
   void Add(TokenExample example, int64_t max_seq_len);

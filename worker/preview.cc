@@ -59,11 +59,7 @@ Status RunPreview(const JobSpec& spec, int64_t n, const PreviewStyle& style, std
   if (fs::exists(fs::path(spec.model.path) / "tokenizer.json")) {
     TRAINERD_ASSIGN_OR_RETURN(tokenizer, engine::tokenizer::Tokenizer::FromFile(spec.model.path));
   }
-  int64_t tokens = 0, trained = 0;
-  for (const auto& ex : data.examples) {
-    tokens += static_cast<int64_t>(ex.input_ids.size());
-    trained += ex.target_tokens();
-  }
+  const engine::TokenDataset::TokenCounts counts = data.CountTokens();
   const std::string unit = spec.data.packing ? "sequence" : "example";
   for (int64_t k = 0; k < n && k < static_cast<int64_t>(data.examples.size()); ++k) {
     const auto& ex = data.examples[k];
@@ -74,7 +70,7 @@ Status RunPreview(const JobSpec& spec, int64_t n, const PreviewStyle& style, std
   if (!style.color) out << "(text inside [[ ]] is not trained)\n";
   out << data_path << ": " << data.lines << " lines, " << examples << " examples kept, " << data.truncated
       << " truncated to data.max_seq_len " << spec.data.max_seq_len << ", " << data.dropped
-      << " dropped with nothing to train; " << tokens << " tokens, " << trained << " trained";
+      << " dropped with nothing to train; " << counts.tokens << " tokens, " << counts.trained << " trained";
   if (spec.data.packing) out << "; packed into " << data.examples.size() << " sequences";
   out << "\n";
   return Status::Ok();

@@ -110,19 +110,8 @@ Status Tokenizer::EncodeRun(std::string_view run, bool at_text_start, std::vecto
 }
 
 StatusOr<std::vector<int32_t>> Tokenizer::Encode(std::string_view text, bool add_special_tokens) const {
-  if (size_t bad = FindInvalidUtf8(text); bad != std::string_view::npos)
-    return Status::Error("text is not valid UTF-8 at byte offset " + std::to_string(bad));
-  std::vector<int32_t> ids;
-  std::vector<TextSegment> raw_segments;
-  added_.Segment(text, /*normalized_tokens=*/false, &raw_segments);
-  for (const TextSegment& raw : raw_segments) {
-    if (raw.start == raw.end) continue;
-    if (raw.id >= 0) {
-      ids.push_back(raw.id);
-      continue;
-    }
-    TRAINERD_RETURN_IF_ERROR(EncodeRun(text.substr(raw.start, raw.end - raw.start), raw.start == 0, &ids));
-  }
+  std::vector<size_t> no_cuts;
+  TRAINERD_ASSIGN_OR_RETURN(std::vector<int32_t> ids, EncodeWithCuts(text, {}, &no_cuts));
   if (post_processor_) post_processor_->Process(&ids, add_special_tokens);
   return ids;
 }
