@@ -65,6 +65,12 @@ const char kUsage[] =
     "SIGTERM or Ctrl-C finishes the current step, writes a checkpoint and exits with 75.\n"
     "Job files are documented in docs/job-spec.md.\n";
 
+// A command-line mistake: one "error:" line and the usage on stderr, exit 2.
+int UsageError(const std::string& message) {
+  std::fprintf(stderr, "error: %s\n\n%s", message.c_str(), kUsage);
+  return kExitUsage;
+}
+
 // Passes every event to each of its reporters in turn.
 class FanOutReporter : public trainerd::engine::Reporter {
  public:
@@ -299,25 +305,21 @@ int main(int argc, char** argv) {
         std::string error;
         events_fd = ParseEventsFd(value, &error);
         if (events_fd < 0) {
-          std::fprintf(stderr, "error: %s\n\n%s", error.c_str(), kUsage);
-          return kExitUsage;
+          return UsageError(error);
         }
       } else if (args[i] == "--help" || args[i] == "-h") {
         std::fputs(kUsage, stdout);
         return 0;
       } else if (!args[i].empty() && args[i][0] == '-') {
-        std::fprintf(stderr, "error: unknown option '%s'\n\n%s", args[i].c_str(), kUsage);
-        return kExitUsage;
+        return UsageError("unknown option '" + args[i] + "'");
       } else if (spec.empty()) {
         spec = args[i];
       } else {
-        std::fprintf(stderr, "error: run takes one job file, got '%s' too\n\n%s", args[i].c_str(), kUsage);
-        return kExitUsage;
+        return UsageError("run takes one job file, got '" + args[i] + "' too");
       }
     }
     if (spec.empty()) {
-      std::fprintf(stderr, "error: run needs a job file\n\n%s", kUsage);
-      return kExitUsage;
+      return UsageError("run needs a job file");
     }
     return Run(spec, resume, events_fd);
   }
@@ -329,8 +331,7 @@ int main(int argc, char** argv) {
         char* end = nullptr;
         n = std::strtoll(args[++i].c_str(), &end, 10);
         if (*end != '\0' || n < 0) {
-          std::fprintf(stderr, "error: -n wants a count of examples, got '%s'\n\n%s", args[i].c_str(), kUsage);
-          return kExitUsage;
+          return UsageError("-n wants a count of examples, got '" + args[i] + "'");
         }
       } else if (args[i] == "--help" || args[i] == "-h") {
         std::fputs(kUsage, stdout);
@@ -338,13 +339,11 @@ int main(int argc, char** argv) {
       } else if (!args[i].empty() && args[i][0] != '-' && spec_path.empty()) {
         spec_path = args[i];
       } else {
-        std::fprintf(stderr, "error: unexpected argument '%s'\n\n%s", args[i].c_str(), kUsage);
-        return kExitUsage;
+        return UsageError("unexpected argument '" + args[i] + "'");
       }
     }
     if (spec_path.empty()) {
-      std::fprintf(stderr, "error: preview needs a job file\n\n%s", kUsage);
-      return kExitUsage;
+      return UsageError("preview needs a job file");
     }
     auto spec = trainerd::ParseJobSpecFile(spec_path);
     if (!spec.ok()) {
@@ -369,31 +368,24 @@ int main(int argc, char** argv) {
         char* end = nullptr;
         const long n = std::strtol(value.c_str(), &end, 10);
         if (value.empty() || *end != '\0' || n < 1 || n > 4096) {
-          std::fprintf(stderr, "error: --threads wants a thread count of at least 1, got '%s'\n\n%s",
-                       value.c_str(), kUsage);
-          return kExitUsage;
+          return UsageError("--threads wants a thread count of at least 1, got '" + value + "'");
         }
         threads = static_cast<int>(n);
       } else if (args[i] == "--help" || args[i] == "-h") {
         std::fputs(kUsage, stdout);
         return 0;
       } else if (!args[i].empty() && args[i][0] == '-') {
-        std::fprintf(stderr, "error: unknown option '%s'\n\n%s", args[i].c_str(), kUsage);
-        return kExitUsage;
+        return UsageError("unknown option '" + args[i] + "'");
       } else if (path.empty()) {
         path = args[i];
       } else {
-        std::fprintf(stderr, "error: tokenize takes one MODEL_DIR or tokenizer.json, got '%s' too\n\n%s",
-                     args[i].c_str(), kUsage);
-        return kExitUsage;
+        return UsageError("tokenize takes one MODEL_DIR or tokenizer.json, got '" + args[i] + "' too");
       }
     }
     if (path.empty()) {
-      std::fprintf(stderr, "error: tokenize takes one MODEL_DIR or tokenizer.json\n\n%s", kUsage);
-      return kExitUsage;
+      return UsageError("tokenize takes one MODEL_DIR or tokenizer.json");
     }
     return Tokenize(path, threads);
   }
-  std::fprintf(stderr, "error: unknown command '%s'\n\n%s", args[0].c_str(), kUsage);
-  return kExitUsage;
+  return UsageError("unknown command '" + args[0] + "'");
 }
