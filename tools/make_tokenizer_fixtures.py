@@ -62,7 +62,7 @@ def training_text():
     return lines
 
 
-def bytelevel(texts):
+def bytelevel(texts, vocab_size=3000):
     tok = Tokenizer(models.BPE(ignore_merges=True))
     tok.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(LLAMA3_SPLIT), behavior="isolated", invert=False),
@@ -70,7 +70,7 @@ def bytelevel(texts):
     tok.decoder = decoders.ByteLevel()
     specials = ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"]
     tok.train_from_iterator(texts, trainers.BpeTrainer(
-        vocab_size=3000, special_tokens=specials, show_progress=False,
+        vocab_size=vocab_size, special_tokens=specials, show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     bos = tok.token_to_id(specials[0])
     tok.post_processor = processors.Sequence([

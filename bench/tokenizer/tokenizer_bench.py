@@ -183,23 +183,8 @@ def train_texts(corpus, train_mb, seed):
 
 
 def train_bytelevel(texts, vocab_size):
-    """Llama 3 style, as make_tokenizer_fixtures.bytelevel() but with a real vocabulary size."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    tools = fixture_tools()
-    tok = Tokenizer(models.BPE(ignore_merges=True))
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(tools.LLAMA3_SPLIT), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False)])
-    tok.decoder = decoders.ByteLevel()
-    specials = ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"]
-    tok.train_from_iterator(texts, trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=specials, show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    bos = tok.token_to_id(specials[0])
-    tok.post_processor = processors.Sequence([
-        processors.ByteLevel(trim_offsets=False),
-        processors.TemplateProcessing(single=f"{specials[0]} $A", pair=f"{specials[0]} $A {specials[0]} $B",
-                                      special_tokens=[(specials[0], bos)])])
+    """Llama 3 style: make_tokenizer_fixtures.bytelevel() with a real vocabulary size."""
+    tok, _ = fixture_tools().bytelevel(texts, vocab_size)
     return tok
 
 
