@@ -282,10 +282,11 @@ const Field* FindField(const std::string& key) {
 
 class SpecParser {
  public:
-  SpecParser(std::string source, std::string base_dir)
-      : reader_(source, &SpecSchema()) {
+  SpecParser(std::string source, std::string base_dir, const JobSpecDefaults& defaults)
+      : reader_(source, &SpecSchema()), defaults_(defaults) {
     spec_.source = std::move(source);
     spec_.base_dir = std::move(base_dir);
+    spec_.training.checkpoint_every = defaults.checkpoint_every;
   }
 
   StatusOr<JobSpec> Parse(const std::string& text) {
@@ -360,7 +361,7 @@ class SpecParser {
     if (spec_.task == "eval" && spec_.data.eval.empty()) {
       return Missing("data.eval", "task eval needs evaluation data");
     }
-    if (spec_.output.dir.empty()) {
+    if (spec_.output.dir.empty() && defaults_.output_dir_required) {
       return Missing("output.dir", "the folder the job writes its results to");
     }
     if (spec_.task == "finetune" && spec_.training.eval_every > 0 && spec_.data.eval.empty()) {
@@ -392,6 +393,7 @@ class SpecParser {
 
   JobSpec spec_;
   yaml::MapReader reader_;  // remembers the line each key was set on
+  JobSpecDefaults defaults_;
 };
 
 }  // namespace
@@ -407,11 +409,11 @@ std::string DefaultDataCacheDir() {
 }
 
 StatusOr<JobSpec> ParseJobSpecText(const std::string& text, const std::string& source,
-                                   const std::string& base_dir) {
-  return SpecParser(source, base_dir).Parse(text);
+                                   const std::string& base_dir, const JobSpecDefaults& defaults) {
+  return SpecParser(source, base_dir, defaults).Parse(text);
 }
 
-StatusOr<JobSpec> ParseJobSpecFile(const std::string& path) {
+StatusOr<JobSpec> ParseJobSpecFile(const std::string& path, const JobSpecDefaults& defaults) {
   std::error_code ec;
   if (fs::is_directory(path, ec)) {
     return Status::Error(path + ": is a folder; give the path of a job spec (.yaml) file");
@@ -428,7 +430,7 @@ StatusOr<JobSpec> ParseJobSpecFile(const std::string& path) {
   if (ec) {
     return Status::Error("cannot resolve the folder of job spec " + path + ": " + ec.message());
   }
-  return ParseJobSpecText(text, path, absolute.parent_path().lexically_normal().string());
+  return ParseJobSpecText(text, path, absolute.parent_path().lexically_normal().string(), defaults);
 }
 
 }  // namespace trainerd

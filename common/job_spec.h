@@ -115,14 +115,25 @@ struct JobSpec {
   std::string device = "auto";  // auto | cpu | cuda | cuda:N
 };
 
+// What the one running a job supplies for keys its spec leaves out. trainerd
+// gives each job a default output folder (<state_dir>/jobs/<id>/output) and
+// its configured checkpoint interval; the worker alone requires output.dir.
+struct JobSpecDefaults {
+  // False: a spec without output.dir parses, with output.dir left empty for
+  // the caller to fill in.
+  bool output_dir_required = true;
+  // training.checkpoint_every when the spec does not set it (>= 0).
+  int64_t checkpoint_every = 0;
+};
+
 // Reads and parses the spec at `path`. Relative paths in it resolve against the
 // absolute form of the file's folder; `source` is `path` as given.
-StatusOr<JobSpec> ParseJobSpecFile(const std::string& path);
+StatusOr<JobSpec> ParseJobSpecFile(const std::string& path, const JobSpecDefaults& defaults = {});
 
 // Parses the YAML in `text`. `source` names it in messages (normally a path).
 // Relative paths in the spec become base_dir/path, lexically normalised;
 // base_dir should be absolute (the daemon passes the client's working folder).
 StatusOr<JobSpec> ParseJobSpecText(const std::string& text, const std::string& source,
-                                   const std::string& base_dir);
+                                   const std::string& base_dir, const JobSpecDefaults& defaults = {});
 
 }  // namespace trainerd

@@ -15,15 +15,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/spec_check.h"
 #include "daemon/job_proto.h"
 
 namespace trainerd::daemon {
 namespace {
 
 namespace fs = std::filesystem;
-
-// A LogsReply carries at most the last this many bytes of a log (a frame holds 16 MiB).
-constexpr int64_t kMaxLogReplyBytes = 8 << 20;
 
 proto::Reply ErrorReply(proto::ErrorCode code, const std::string& message) {
   proto::Reply reply;
@@ -37,23 +35,6 @@ proto::Reply Internal(const Status& status) {
 }
 
 std::string JobName(int64_t id) { return "job " + std::to_string(id); }
-
-// Opens `path` for reading as a regular file; "" or why not.
-std::string CheckReadableFile(const std::string& path) {
-  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return std::strerror(errno);
-  struct stat st {};
-  std::string why;
-  if (fstat(fd, &st) != 0) {
-    why = std::strerror(errno);
-  } else if (S_ISDIR(st.st_mode)) {
-    why = "it is a folder, not a file";
-  } else if (!S_ISREG(st.st_mode)) {
-    why = "not a regular file";
-  }
-  close(fd);
-  return why;
-}
 
 // Writes `path` atomically: a temporary file in the same folder, fsync, rename, fsync the folder.
 Status WriteFileAtomically(const std::string& path, const std::string& text) {
@@ -108,36 +89,6 @@ int64_t SystemNowMs() {
 
 }  // namespace
 
-Status CheckSpecFiles(const JobSpec& spec) {
-  const std::string& src = spec.source;
-  {
-    std::error_code ec;
-    if (!fs::is_directory(spec.model.path, ec)) {
-      std::string why = ec ? ec.message()
-                           : (fs::exists(spec.model.path, ec) ? "not a folder" : "no such folder");
-      return Status::Error(src + ": model.path: " + spec.model.path + ": " + why +
-                           "; point it at a Hugging Face model folder (one with config.json) "
-                           "that trainerd can read");
-    }
-    const std::string config = (fs::path(spec.model.path) / "config.json").string();
-    std::string why = CheckReadableFile(config);
-    if (!why.empty()) {
-      return Status::Error(src + ": model.path: " + config + ": " + why +
-                           "; a Hugging Face model folder holds config.json, readable by trainerd");
-    }
-  }
-  for (const auto& [key, path] : {std::pair<const char*, const std::string&>{"data.train", spec.data.train},
-                                  std::pair<const char*, const std::string&>{"data.eval", spec.data.eval}}) {
-    if (path.empty()) continue;
-    std::string why = CheckReadableFile(path);
-    if (!why.empty()) {
-      return Status::Error(src + ": " + key + ": " + path + ": " + why +
-                           "; give a data file that exists and that trainerd can read");
-    }
-  }
-  return Status::Ok();
-}
-
 std::string SpecToJson(const JobSpec& spec) {
   nlohmann::ordered_json j;
   j["task"] = spec.task;
@@ -172,19 +123,26 @@ std::string SpecToJson(const JobSpec& spec) {
   return j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
 }
 
-JobService::JobService(JobStore& store, std::string state_dir, Clock now_unix_ms,
-                       std::function<void(int64_t)> stop_running)
-    : store_(store),
+JobService::JobService(JobRegistry& jobs, JobLogs& logs, std::string state_dir, Clock now_unix_ms, Hooks hooks)
+    : jobs_(jobs),
+      logs_(logs),
       state_dir_(std::move(state_dir)),
       now_unix_ms_(now_unix_ms ? std::move(now_unix_ms) : Clock(SystemNowMs)),
-      stop_running_(std::move(stop_running)) {}
+      hooks_(std::move(hooks)) {}
 
 std::string JobService::JobDir(int64_t id) const {
   return (fs::path(state_dir_) / "jobs" / std::to_string(id)).string();
 }
 
-void JobService::Handle(const proto::Request& request, const PeerCredentials& peer,
-                        ReplyWriter& writer) {
+void JobService::Handle(const proto::Request& request, const PeerCredentials& peer, ReplyWriter& writer) {
+  if (request.kind_case() == proto::Request::kLogs && request.logs().follow()) {
+    FollowLogs(request.logs(), writer);
+    return;
+  }
+  if (request.kind_case() == proto::Request::kWait) {
+    Wait(request.wait(), writer);
+    return;
+  }
   writer.End(Answer(request, peer));
 }
 
@@ -201,28 +159,21 @@ proto::Reply JobService::Answer(const proto::Request& request, const PeerCredent
     case proto::Request::kCancel:
       return Cancel(request.cancel(), peer);
     case proto::Request::kLogs:
+      if (request.logs().follow()) {
+        return ErrorReply(proto::ERROR_CODE_BAD_REQUEST, "logs --follow is a streamed answer (Handle)");
+      }
       return Logs(request.logs());
     case proto::Request::kWait:
-      return ErrorReply(proto::ERROR_CODE_INTERNAL, "follow/wait arrive with the supervisor");
+      return ErrorReply(proto::ERROR_CODE_BAD_REQUEST, "wait is a streamed answer (Handle)");
     case proto::Request::KIND_NOT_SET:
       break;
   }
-  return ErrorReply(proto::ERROR_CODE_BAD_REQUEST,
-                    "empty or unknown request; is trainctl newer than this trainerd?");
-}
-
-StatusOr<JobSpec> JobService::ParseAndCheck(const proto::JobSpec& spec) const {
-  if (spec.base_dir().empty() || spec.base_dir()[0] != '/') {
-    return Status::Error("spec base_dir must be an absolute folder, got '" + spec.base_dir() + "'");
-  }
-  const std::string source = spec.source().empty() ? "job.yaml" : spec.source();
-  TRAINERD_ASSIGN_OR_RETURN(JobSpec parsed, ParseJobSpecText(spec.yaml(), source, spec.base_dir()));
-  TRAINERD_RETURN_IF_ERROR(CheckSpecFiles(parsed));
-  return parsed;
+  return ErrorReply(proto::ERROR_CODE_BAD_REQUEST, "empty or unknown request; is trainctl newer than this trainerd?");
 }
 
 proto::Reply JobService::Validate(const proto::ValidateRequest& request) {
-  StatusOr<JobSpec> spec = ParseAndCheck(request.spec());
+  StatusOr<JobSpec> spec =
+      ValidateSubmittedSpec(request.spec().yaml(), request.spec().source(), request.spec().base_dir());
   if (!spec.ok()) return ErrorReply(proto::ERROR_CODE_BAD_REQUEST, spec.status().message());
   proto::Reply reply;
   reply.mutable_validate();
@@ -230,7 +181,8 @@ proto::Reply JobService::Validate(const proto::ValidateRequest& request) {
 }
 
 proto::Reply JobService::Submit(const proto::SubmitRequest& request, const PeerCredentials& peer) {
-  StatusOr<JobSpec> spec = ParseAndCheck(request.spec());
+  StatusOr<JobSpec> spec =
+      ValidateSubmittedSpec(request.spec().yaml(), request.spec().source(), request.spec().base_dir());
   if (!spec.ok()) return ErrorReply(proto::ERROR_CODE_BAD_REQUEST, spec.status().message());
 
   JobRecord job;
@@ -246,12 +198,13 @@ proto::Reply JobService::Submit(const proto::SubmitRequest& request, const PeerC
   job.spec_json = SpecToJson(*spec);
   job.output_dir = spec->output.dir;
 
-  StatusOr<int64_t> id = store_.Add(job);
+  StatusOr<int64_t> id = jobs_.Add(job);
   if (!id.ok()) return Internal(id.status());
 
   // The job's folder and job.yaml; on failure the job is cancelled again, so
   // nothing runs a job whose files are missing.
   const std::string dir = JobDir(*id);
+  const std::string output_dir = job.output_dir.empty() ? dir + "/output" : job.output_dir;
   Status written;
   std::error_code ec;
   fs::create_directories(dir, ec);
@@ -260,14 +213,15 @@ proto::Reply JobService::Submit(const proto::SubmitRequest& request, const PeerC
   } else {
     written = WriteFileAtomically(dir + "/job.yaml", job.spec_yaml);
   }
-  if (written.ok()) written = store_.SetPaths(*id, job.output_dir, dir + "/log");
+  if (written.ok()) written = jobs_.SetPaths(*id, output_dir, dir + "/log");
   if (!written.ok()) {
-    Status cancelled = store_.Cancel(*id, "trainerd could not set up the job: " + written.message(),
-                                     now_unix_ms_());
+    Status cancelled =
+        jobs_.Cancel(*id, "trainerd could not set up the job: " + written.message(), now_unix_ms_());
     std::string message = JobName(*id) + ": " + written.message();
     if (!cancelled.ok()) message += "; and cancelling it failed: " + cancelled.message();
     return ErrorReply(proto::ERROR_CODE_INTERNAL, message);
   }
+  if (hooks_.job_queued) hooks_.job_queued();
 
   proto::Reply reply;
   reply.mutable_submit()->set_job_id(*id);
@@ -282,23 +236,21 @@ proto::Reply JobService::List(const proto::ListRequest& request) {
     }
     states.push_back(static_cast<JobState>(s));
   }
-  StatusOr<std::vector<JobRecord>> jobs =
-      store_.List(request.all(), states, JobStore::ListDetail::kWithoutSpec);
-  if (!jobs.ok()) return Internal(jobs.status());
   proto::Reply reply;
   proto::ListReply* list = reply.mutable_list();
-  for (const JobRecord& job : *jobs) *list->add_jobs() = JobToProto(job);
+  for (const JobRecord* job : jobs_.Select(request.all(), states)) *list->add_jobs() = JobToProto(*job);
   return reply;
 }
 
 proto::Reply JobService::StatusOf(const proto::StatusRequest& request) {
-  StatusOr<std::optional<JobRecord>> job = store_.Get(request.job_id());
-  if (!job.ok()) return Internal(job.status());
-  if (!job->has_value()) {
+  if (jobs_.Find(request.job_id()) == nullptr) {
     return ErrorReply(proto::ERROR_CODE_NOT_FOUND, "no " + JobName(request.job_id()));
   }
+  // With the spec as submitted: one primary-key read of the store.
+  StatusOr<JobRecord> job = jobs_.ReadFull(request.job_id());
+  if (!job.ok()) return Internal(job.status());
   proto::Reply reply;
-  *reply.mutable_status()->mutable_job() = JobToProto(**job);
+  *reply.mutable_status()->mutable_job() = JobToProto(*job);
   return reply;
 }
 
@@ -308,37 +260,29 @@ proto::Reply JobService::Cancel(const proto::CancelRequest& request, const PeerC
   std::set<int64_t> seen;
   for (int64_t id : request.job_ids()) {
     if (!seen.insert(id).second) continue;
-    StatusOr<std::optional<JobRecord>> job = store_.Get(id);
-    if (!job.ok()) return Internal(job.status());
-    if (!job->has_value()) return ErrorReply(proto::ERROR_CODE_NOT_FOUND, "no " + JobName(id));
-    const JobRecord& j = **job;
-    if (peer.uid != 0 && peer.uid != j.owner_uid) {
+    const JobRecord* job = jobs_.Find(id);
+    if (job == nullptr) return ErrorReply(proto::ERROR_CODE_NOT_FOUND, "no " + JobName(id));
+    if (peer.uid != 0 && peer.uid != job->owner_uid) {
       return ErrorReply(proto::ERROR_CODE_PERMISSION_DENIED,
-                        JobName(id) + " belongs to uid " + std::to_string(j.owner_uid) +
+                        JobName(id) + " belongs to uid " + std::to_string(job->owner_uid) +
                             "; only its owner or root may cancel it");
     }
-    if (IsEnded(j.state)) {
-      return ErrorReply(proto::ERROR_CODE_BAD_REQUEST,
-                        JobName(id) + " already " + JobStateName(j.state));
+    if (IsEnded(job->state)) {
+      return ErrorReply(proto::ERROR_CODE_BAD_REQUEST, JobName(id) + " already " + JobStateName(job->state));
     }
-    if (j.state == JobState::kRunning && !stop_running_) {
+    if (job->state == JobState::kRunning && !hooks_.stop_running) {
       return ErrorReply(proto::ERROR_CODE_INTERNAL,
                         JobName(id) + " is running and this service has no way to stop workers");
     }
-    jobs.push_back(j);
+    jobs.push_back(*job);
   }
 
   proto::Reply reply;
   proto::CancelReply* cancelled = reply.mutable_cancel();
   const std::string reason = "cancelled by uid " + std::to_string(peer.uid);
   for (const JobRecord& job : jobs) {
-    if (job.state == JobState::kRunning) {
-      // The supervisor stops the worker and finishes the job as cancelled.
-      stop_running_(job.id);
-      cancelled->add_cancelled(job.id);
-      continue;
-    }
-    Status status = store_.Cancel(job.id, reason, now_unix_ms_());
+    Status status = job.state == JobState::kRunning ? hooks_.stop_running(job.id, reason)
+                                                    : jobs_.Cancel(job.id, reason, now_unix_ms_());
     if (!status.ok()) return Internal(status);
     cancelled->add_cancelled(job.id);
   }
@@ -346,53 +290,64 @@ proto::Reply JobService::Cancel(const proto::CancelRequest& request, const PeerC
 }
 
 proto::Reply JobService::Logs(const proto::LogsRequest& request) {
-  if (request.follow()) {
-    return ErrorReply(proto::ERROR_CODE_INTERNAL, "follow/wait arrive with the supervisor");
-  }
-  StatusOr<std::optional<JobRecord>> job = store_.Get(request.job_id());
-  if (!job.ok()) return Internal(job.status());
-  if (!job->has_value()) {
-    return ErrorReply(proto::ERROR_CODE_NOT_FOUND, "no " + JobName(request.job_id()));
-  }
-  const std::string path =
-      (*job)->log_path.empty() ? JobDir(request.job_id()) + "/log" : (*job)->log_path;
-
+  const JobRecord* job = jobs_.Find(request.job_id());
+  if (job == nullptr) return ErrorReply(proto::ERROR_CODE_NOT_FOUND, "no " + JobName(request.job_id()));
+  const std::string path = job->log_path.empty() ? JobDir(job->id) + "/log" : job->log_path;
+  StatusOr<std::vector<std::string>> lines = ReadLogTail(path, request.tail());
+  if (!lines.ok()) return Internal(lines.status());
   proto::Reply reply;
   reply.set_end_of_stream(true);
   proto::LogsReply* logs = reply.mutable_logs();
-
-  if (access(path.c_str(), F_OK) != 0 && errno == ENOENT) return reply;  // nothing logged yet
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return ErrorReply(proto::ERROR_CODE_INTERNAL,
-                      "reading " + path + ": " + std::strerror(errno));
-  }
-  in.seekg(0, std::ios::end);
-  const int64_t size = static_cast<int64_t>(in.tellg());
-  const int64_t start = size > kMaxLogReplyBytes ? size - kMaxLogReplyBytes : 0;
-  in.seekg(start);
-  std::string text(static_cast<size_t>(size - start), '\0');
-  in.read(text.data(), static_cast<std::streamsize>(text.size()));
-  text.resize(static_cast<size_t>(in.gcount()));
-  size_t pos = 0;
-  if (start > 0) {  // drop the partial first line
-    size_t nl = text.find('\n');
-    pos = nl == std::string::npos ? text.size() : nl + 1;
-  }
-  std::vector<std::string_view> lines;
-  std::string_view view(text);
-  while (pos < view.size()) {
-    size_t nl = view.find('\n', pos);
-    if (nl == std::string_view::npos) nl = view.size();
-    lines.push_back(view.substr(pos, nl - pos));
-    pos = nl + 1;
-  }
-  size_t first = 0;
-  if (request.tail() > 0 && lines.size() > static_cast<size_t>(request.tail())) {
-    first = lines.size() - static_cast<size_t>(request.tail());
-  }
-  for (size_t i = first; i < lines.size(); ++i) logs->add_lines()->set_text(std::string(lines[i]));
+  for (std::string& line : *lines) logs->add_lines()->set_text(std::move(line));
   return reply;
+}
+
+void JobService::FollowLogs(const proto::LogsRequest& request, ReplyWriter& writer) {
+  proto::Reply tail = Logs(request);
+  if (tail.error().code() != proto::ERROR_CODE_NONE || IsEnded(jobs_.Find(request.job_id())->state)) {
+    writer.End(tail);  // an error, or the whole log of an ended job
+    return;
+  }
+  tail.set_end_of_stream(false);
+  writer.Send(tail);
+  logs_.Follow(request.job_id(), writer);
+}
+
+void JobService::Wait(const proto::WaitRequest& request, ReplyWriter& writer) {
+  const JobRecord* job = jobs_.Find(request.job_id());
+  if (job == nullptr) {
+    writer.End(ErrorReply(proto::ERROR_CODE_NOT_FOUND, "no " + JobName(request.job_id())));
+    return;
+  }
+  if (IsEnded(job->state)) {
+    proto::Reply reply;
+    reply.set_end_of_stream(true);
+    *reply.mutable_wait()->mutable_job() = JobToProto(*job);
+    writer.End(reply);
+    return;
+  }
+  const int64_t id = job->id;
+  std::list<ReplyWriter>& list = waiters_[id];
+  auto it = list.insert(list.end(), writer);
+  it->OnClose([this, id, it] {
+    auto waiters = waiters_.find(id);
+    if (waiters == waiters_.end()) return;
+    waiters->second.erase(it);
+    if (waiters->second.empty()) waiters_.erase(waiters);
+  });
+}
+
+void JobService::OnJobChanged(const JobRecord& job) {
+  if (!IsEnded(job.state)) return;
+  logs_.Close(job.id);  // ends log followers (a queued job cancelled has no worker to do it)
+  auto waiters = waiters_.find(job.id);
+  if (waiters == waiters_.end()) return;
+  std::list<ReplyWriter> ending = std::move(waiters->second);
+  waiters_.erase(waiters);
+  proto::Reply reply;
+  reply.set_end_of_stream(true);
+  *reply.mutable_wait()->mutable_job() = JobToProto(job);
+  for (ReplyWriter& writer : ending) writer.End(reply);
 }
 
 }  // namespace trainerd::daemon

@@ -1,34 +1,34 @@
-// JobService: the RequestHandler over the JobStore (submit, validate, list,
-// status, cancel, logs). The scheduler and the worker supervisor come later:
-// until then running jobs are stopped only through the `stop_running`
-// callback, and LogsRequest{follow} and WaitRequest are answered with
-// ERROR_CODE_INTERNAL ("follow/wait arrive with the supervisor").
+// JobService: the RequestHandler for trainctl's requests (submit, validate,
+// list, status, cancel, logs, wait) over the daemon's JobRegistry.
 //
-// Per-job files live in <state_dir>/jobs/<id>/: job.yaml (the spec as
-// submitted, written atomically) and log (the job's log, written later by the
-// supervisor).
+// List is answered from the registry's memory; status too, plus the spec's
+// text read from the store. Submit validates
+// the spec (common/spec_check.h), stores the job and writes its folder
+// <state_dir>/jobs/<id>/: job.yaml (the spec as submitted, written
+// atomically), log, and output/ unless the spec sets output.dir. Running jobs
+// are stopped through the `stop_running` hook (the supervisor).
 //
-// Threading: like every RequestHandler, on the server's io_context thread. The
-// store's calls are quick SQLite transactions made on that thread.
+// Streamed answers: LogsRequest{follow} sends the log's tail and then each new
+// line (daemon/job_logs.h) until the job ends; WaitRequest answers once the job
+// has ended. Both end when the connection closes.
+//
+// Threading: like every RequestHandler, on the server's io_context thread.
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <list>
+#include <map>
 #include <string>
 
 #include "common/job_spec.h"
 #include "common/status.h"
-#include "daemon/job_store.h"
+#include "daemon/job_logs.h"
+#include "daemon/job_registry.h"
 #include "daemon/request_handler.h"
 #include "proto/trainerd.pb.h"
 
 namespace trainerd::daemon {
-
-// The checks the spec parser cannot make, as the daemon sees the filesystem:
-// model.path is a folder holding a readable config.json, data.train and
-// data.eval (when set) are readable regular files. The error names the spec's
-// source, the key, the path and what to do.
-Status CheckSpecFiles(const JobSpec& spec);
 
 // The parsed spec's main fields as a JSON object (JobRecord::spec_json).
 std::string SpecToJson(const JobSpec& spec);
@@ -37,18 +37,26 @@ class JobService : public RequestHandler {
  public:
   using Clock = std::function<int64_t()>;  // now, in Unix milliseconds
 
-  // `store` must outlive the service. `now_unix_ms` empty: the system clock.
-  // `stop_running` (may be empty) is asked to stop a running job's worker when
-  // its owner cancels it; the supervisor then finishes it as cancelled.
-  JobService(JobStore& store, std::string state_dir, Clock now_unix_ms = {},
-             std::function<void(int64_t)> stop_running = {});
+  struct Hooks {
+    // A job was queued: start what can start. May be empty.
+    std::function<void()> job_queued;
+    // Stop running job `id`'s worker; it then ends cancelled with `reason`.
+    // Empty: cancelling a running job is an error.
+    std::function<Status(int64_t id, const std::string& reason)> stop_running;
+  };
 
-  void Handle(const proto::Request& request, const PeerCredentials& peer,
-              ReplyWriter& writer) override;
+  // `jobs` and `logs` must outlive the service. `now_unix_ms` empty: the system clock.
+  JobService(JobRegistry& jobs, JobLogs& logs, std::string state_dir, Clock now_unix_ms = {}, Hooks hooks = {});
 
-  // The single Reply for `request` (Handle sends it). Every request is
-  // answered at once today; errors carry a code and a message for the user.
+  void Handle(const proto::Request& request, const PeerCredentials& peer, ReplyWriter& writer) override;
+
+  // The single Reply for a request answered at once (all but logs --follow and
+  // wait). Errors carry a code and a message for the user.
   proto::Reply Answer(const proto::Request& request, const PeerCredentials& peer);
+
+  // The registry calls this after a job's state changed: ends the waits and
+  // log follows of a job that has ended.
+  void OnJobChanged(const JobRecord& job);
 
   // <state_dir>/jobs/<id>
   std::string JobDir(int64_t id) const;
@@ -60,14 +68,15 @@ class JobService : public RequestHandler {
   proto::Reply StatusOf(const proto::StatusRequest& request);
   proto::Reply Cancel(const proto::CancelRequest& request, const PeerCredentials& peer);
   proto::Reply Logs(const proto::LogsRequest& request);
+  void FollowLogs(const proto::LogsRequest& request, ReplyWriter& writer);
+  void Wait(const proto::WaitRequest& request, ReplyWriter& writer);
 
-  // Parses and checks a spec from a request.
-  StatusOr<JobSpec> ParseAndCheck(const proto::JobSpec& spec) const;
-
-  JobStore& store_;
+  JobRegistry& jobs_;
+  JobLogs& logs_;
   std::string state_dir_;
   Clock now_unix_ms_;
-  std::function<void(int64_t)> stop_running_;
+  Hooks hooks_;
+  std::map<int64_t, std::list<ReplyWriter>> waiters_;
 };
 
 }  // namespace trainerd::daemon

@@ -248,4 +248,12 @@ StatusOr<RunResult> RunJob(const JobSpec& spec, const RunOptions& options, Repor
   }
 }
 
+std::vector<std::string> CudaDevices() {
+  std::vector<std::string> devices;
+  if (!torch::cuda::is_available()) return devices;
+  const auto count = static_cast<int64_t>(torch::cuda::device_count());
+  for (int64_t i = 0; i < count; ++i) devices.push_back("cuda:" + std::to_string(i));
+  return devices;
+}
+
 }  // namespace trainerd::engine

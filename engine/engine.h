@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "common/job_spec.h"
 #include "common/status.h"
@@ -89,5 +90,9 @@ struct RunResult {
 };
 
 StatusOr<RunResult> RunJob(const JobSpec& spec, const RunOptions& options, Reporter& reporter);
+
+// The CUDA devices this process can use ("cuda:0", "cuda:1", ...), in index
+// order; empty when there is no GPU or LibTorch was built without CUDA.
+std::vector<std::string> CudaDevices();
 
 }  // namespace trainerd::engine

@@ -28,7 +28,7 @@ for dtype in float32 bfloat16; do
 done
 echo "== PEFT loads the adapter trainerd wrote (trained on CUDA float32, checked on CPU)"
 python3 tools/check_peft_load.py tests/fixtures/llama/model /tmp/peft-float32 2>&1 | tail -1 | tee "$out/peft-load.txt"
-echo "== demo on the GPU"; $b/worker/trainerd-worker run etc/examples/tiny-lora.yaml > "$out/demo.log" 2>&1; echo "demo rc $?"; tail -3 "$out/demo.log"
+echo "== demo on the GPU"; $b/bin/trainerd-worker run etc/examples/tiny-lora.yaml > "$out/demo.log" 2>&1; echo "demo rc $?"; tail -3 "$out/demo.log"
 echo "== transformers loads a merged model trainerd wrote"
-$b/worker/trainerd-worker run etc/examples/merge-check.yaml > "$out/merge.log" 2>&1 &&
+$b/bin/trainerd-worker run etc/examples/merge-check.yaml > "$out/merge.log" 2>&1 &&
   python3 tools/check_merged_load.py tests/fixtures/llama/model /tmp/trainerd-merge-check 2>&1 | tail -1 | tee "$out/merged-load.txt"

@@ -3,6 +3,8 @@
 #include <cmath>
 #include <cstdio>
 
+#include "common/short_count.h"
+
 namespace trainerd::worker {
 
 std::string FormatDuration(double seconds) {
@@ -17,17 +19,7 @@ std::string FormatDuration(double seconds) {
   return buf;
 }
 
-std::string FormatCount(double value) {
-  char buf[32];
-  if (value >= 1e6) {
-    std::snprintf(buf, sizeof(buf), "%.2fM", value / 1e6);
-  } else if (value >= 1e3) {
-    std::snprintf(buf, sizeof(buf), "%.1fk", value / 1e3);
-  } else {
-    std::snprintf(buf, sizeof(buf), "%.0f", value);
-  }
-  return buf;
-}
+std::string FormatCount(double value) { return ShortCount(value); }
 
 std::string FormatProgress(const engine::ProgressEvent& e) {
   char buf[256];

@@ -1,6 +1,8 @@
 // trainerd-worker: runs one job in the foreground.
 //
-//   trainerd-worker run JOB.yaml [--resume] [--events-fd N]
+//   trainerd-worker run JOB.yaml [--resume] [--events-fd N] [--base-dir DIR] [--source NAME]
+//                       [--output-dir DIR] [--checkpoint-every N] [--device D]
+//   trainerd-worker devices                         (the GPUs it can use, one per line, or "cpu")
 //   trainerd-worker tokenize MODEL_DIR|tokenizer.json [--threads N]  (JSONL text in, JSONL ids out)
 //   trainerd-worker preview JOB.yaml [-n N]         (the data as it will be trained)
 //
@@ -11,8 +13,16 @@
 // With --events-fd N (trainerd spawns it so) the run also writes its events as
 // trainerd.proto.WorkerEvent frames to the inherited fd N, ending with one
 // Finished (worker/event_reporter.h); the console output and exit status are
-// the same. If the reader goes away the job goes on without events.
+// the same. If the reader goes away the job goes on without events. The other
+// run options are how trainerd hands over a submitted job (see kUsage).
+//
+// A run holds an exclusive flock(2) on the output.dir folder itself until it
+// exits, waiting for it if another worker holds it: a trainerd killed with
+// SIGKILL leaves its worker checkpointing (it gets SIGTERM when its parent
+// dies), and the next trainerd's worker for that job must resume only after.
 #include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <charconv>
@@ -20,6 +30,7 @@
 #include <cstdlib>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <future>
 #include <iostream>
 #include <optional>
@@ -47,7 +58,9 @@ std::atomic<bool> g_stop{false};
 void OnStopSignal(int) { g_stop.store(true); }
 
 const char kUsage[] =
-    "usage: trainerd-worker run JOB.yaml [--resume] [--events-fd N]\n"
+    "usage: trainerd-worker run JOB.yaml [--resume] [--events-fd N] [--base-dir DIR] [--source NAME]\n"
+    "                           [--output-dir DIR] [--checkpoint-every N] [--device D]\n"
+    "       trainerd-worker devices\n"
     "       trainerd-worker tokenize MODEL_DIR|tokenizer.json [--threads N]\n"
     "       trainerd-worker preview JOB.yaml [-n N]\n"
     "\n"
@@ -55,6 +68,12 @@ const char kUsage[] =
     "    --resume     continue from the newest checkpoint in output.dir/checkpoints\n"
     "    --events-fd N  also write the run's events (trainerd.proto WorkerEvent frames)\n"
     "                 to the open, writable file descriptor N (3 or above)\n"
+    "    --base-dir DIR  resolve the spec's relative paths against DIR, not the file's folder\n"
+    "    --source NAME   name the spec NAME in messages (default: JOB.yaml as given)\n"
+    "    --output-dir DIR  write outputs to DIR when the spec sets no output.dir\n"
+    "    --checkpoint-every N  checkpoint every N steps when the spec does not say\n"
+    "    --device D   run on D (cpu, cuda, cuda:N) unless the spec asks for cpu\n"
+    "  devices        print the GPUs this worker can use (cuda:0, ...), or cpu when none\n"
     "  tokenize PATH  read JSONL {\"text\": ...} lines on stdin, write {\"ids\": [...]} lines\n"
     "                 on stdout, special tokens added as the tokenizer's post-processor says\n"
     "    --threads N  encode on N threads (default: all cores); the output is the same for any N\n"
@@ -120,30 +139,102 @@ int ParseEventsFd(const std::string& value, std::string* error) {
   return fd;
 }
 
+// How `run` was asked to run the job.
+struct RunArgs {
+  std::string spec_path;
+  bool resume = false;
+  int events_fd = -1;       // -1: no events
+  std::string base_dir;     // empty: the spec file's folder
+  std::string source;       // empty: spec_path
+  std::string output_dir;   // empty: the spec must set output.dir
+  std::optional<int64_t> checkpoint_every;
+  std::string device;       // empty: the spec's
+};
+
+// The spec as `args` say to read it.
+trainerd::StatusOr<trainerd::JobSpec> LoadSpec(const RunArgs& args) {
+  trainerd::JobSpecDefaults defaults;
+  defaults.output_dir_required = args.output_dir.empty();
+  if (args.checkpoint_every) defaults.checkpoint_every = *args.checkpoint_every;
+  trainerd::StatusOr<trainerd::JobSpec> spec = trainerd::Status::Ok();
+  if (args.base_dir.empty()) {
+    spec = trainerd::ParseJobSpecFile(args.spec_path, defaults);
+  } else {
+    std::ifstream in(args.spec_path, std::ios::binary);
+    if (!in) return trainerd::Status::Error("cannot open job spec " + args.spec_path + ": " + std::strerror(errno));
+    const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+    spec = trainerd::ParseJobSpecText(text, args.source.empty() ? args.spec_path : args.source, args.base_dir,
+                                      defaults);
+  }
+  if (!spec.ok()) return spec;
+  if (spec->output.dir.empty()) spec->output.dir = args.output_dir;
+  if (!args.device.empty() && spec->device != "cpu") spec->device = args.device;
+  return spec;
+}
+
+// mkdir -p `path` (absolute).
+trainerd::Status MakeDirs(const std::string& path) {
+  for (size_t pos = 1; pos <= path.size(); ++pos) {
+    if (pos != path.size() && path[pos] != '/') continue;
+    const std::string prefix = path.substr(0, pos);
+    if (::mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST) {
+      return trainerd::Status::Error("creating " + prefix + ": " + std::strerror(errno));
+    }
+  }
+  return trainerd::Status::Ok();
+}
+
+// Takes the output folder's lock (see the file comment), waiting while another
+// worker holds it. Returns the folder's fd, kept open (and so locked) until exit.
+trainerd::StatusOr<int> LockOutputDir(const std::string& output_dir) {
+  TRAINERD_RETURN_IF_ERROR(MakeDirs(output_dir));
+  const int fd = ::open(output_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return trainerd::Status::Error("opening " + output_dir + ": " + std::strerror(errno));
+  if (::flock(fd, LOCK_EX | LOCK_NB) == 0) return fd;
+  std::fprintf(stderr, "waiting for the other worker writing %s to exit\n", output_dir.c_str());
+  while (::flock(fd, LOCK_EX) != 0) {
+    if (errno == EINTR && !g_stop.load()) continue;
+    const std::string why = g_stop.load() ? "stopped while waiting" : std::strerror(errno);
+    ::close(fd);
+    return trainerd::Status::Error("locking " + output_dir + ": " + why);
+  }
+  return fd;
+}
+
 // Runs the job; with events_fd >= 0 also reports it there as WorkerEvent frames.
-int Run(const std::string& spec_path, bool resume, int events_fd) {
+int Run(const RunArgs& args) {
   std::optional<trainerd::worker::EventReporter> events;
-  if (events_fd >= 0) events.emplace(events_fd);
+  if (args.events_fd >= 0) events.emplace(args.events_fd);
   auto fail = [&events](const std::string& message) {
     std::fprintf(stderr, "error: %s\n", message.c_str());
     if (events) events->Finish(/*stopped=*/false, /*output_path=*/"", /*eval_loss=*/0, message);
     return kExitFailed;
   };
 
-  auto spec = trainerd::ParseJobSpecFile(spec_path);
-  if (!spec.ok()) return fail(spec.status().message());
   struct sigaction sa {};
   sa.sa_handler = OnStopSignal;
   sigemptyset(&sa.sa_mask);
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGINT, &sa, nullptr);
+  // Output to a reader that went away (trainerd killed: its pipe has no reader
+  // left) must not kill the run before it can checkpoint: writes fail instead.
+  std::signal(SIGPIPE, SIG_IGN);
+  auto spec = LoadSpec(args);
+  if (!spec.ok()) return fail(spec.status().message());
+  auto lock = LockOutputDir(spec->output.dir);
+  if (!lock.ok() && g_stop.load()) {  // stopped before it began: nothing to checkpoint
+    if (events) events->Finish(/*stopped=*/true, /*output_path=*/"", /*eval_loss=*/0, /*error=*/"");
+    std::fprintf(stderr, "stopped while waiting for %s; resume with --resume\n", spec->output.dir.c_str());
+    return kExitStopped;
+  }
+  if (!lock.ok()) return fail(lock.status().message());
 
   trainerd::worker::ConsoleReporter console(spec->output.dir);
   std::vector<trainerd::engine::Reporter*> reporters{&console};
   if (events) reporters.push_back(&*events);
   FanOutReporter reporter(std::move(reporters));
   trainerd::engine::RunOptions options;
-  options.resume = resume;
+  options.resume = args.resume;
   options.stop = &g_stop;
   auto result = trainerd::engine::RunJob(*spec, options, reporter);
   if (!result.ok()) return fail(result.status().message());
@@ -289,39 +380,80 @@ int main(int argc, char** argv) {
     return args.empty() ? kExitUsage : 0;
   }
   if (args[0] == "run") {
-    std::string spec;
-    bool resume = false;
-    int events_fd = -1;
+    RunArgs run;
     for (size_t i = 1; i < args.size(); ++i) {
+      // "--name VALUE" or "--name=VALUE": true and the value in *value when args[i] is option `name`.
+      std::string value;
+      bool missing = false;
+      auto option = [&](const char* name) {
+        const std::string n(name);
+        if (args[i] == n) {
+          if (i + 1 < args.size()) {
+            value = args[++i];
+          } else {
+            missing = true;
+          }
+          return true;
+        }
+        if (args[i].rfind(n + "=", 0) == 0) {
+          value = args[i].substr(n.size() + 1);
+          return true;
+        }
+        return false;
+      };
       if (args[i] == "--resume") {
-        resume = true;
-      } else if (args[i] == "--events-fd" || args[i].rfind("--events-fd=", 0) == 0) {
-        std::string value;
-        if (args[i] != "--events-fd") {
-          value = args[i].substr(std::strlen("--events-fd="));
-        } else if (i + 1 < args.size()) {
-          value = args[++i];
-        }
+        run.resume = true;
+      } else if (option("--events-fd")) {
         std::string error;
-        events_fd = ParseEventsFd(value, &error);
-        if (events_fd < 0) {
-          return UsageError(error);
+        run.events_fd = ParseEventsFd(value, &error);
+        if (run.events_fd < 0) return UsageError(error);
+      } else if (option("--base-dir")) {
+        if (missing || value.empty() || value[0] != '/') {
+          return UsageError("--base-dir wants an absolute folder, got '" + value + "'");
         }
+        run.base_dir = value;
+      } else if (option("--output-dir")) {
+        if (missing || value.empty() || value[0] != '/') {
+          return UsageError("--output-dir wants an absolute folder, got '" + value + "'");
+        }
+        run.output_dir = value;
+      } else if (option("--source")) {
+        if (missing) return UsageError("--source wants a name");
+        run.source = value;
+      } else if (option("--checkpoint-every")) {
+        int64_t n = -1;
+        auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), n);
+        if (missing || value.empty() || ec != std::errc() || end != value.data() + value.size() || n < 0) {
+          return UsageError("--checkpoint-every wants a step count (0 or more), got '" + value + "'");
+        }
+        run.checkpoint_every = n;
+      } else if (option("--device")) {
+        if (missing || !(value == "cpu" || value == "cuda" || value.rfind("cuda:", 0) == 0)) {
+          return UsageError("--device wants cpu, cuda or cuda:N, got '" + value + "'");
+        }
+        run.device = value;
       } else if (args[i] == "--help" || args[i] == "-h") {
         std::fputs(kUsage, stdout);
         return 0;
       } else if (!args[i].empty() && args[i][0] == '-') {
         return UsageError("unknown option '" + args[i] + "'");
-      } else if (spec.empty()) {
-        spec = args[i];
+      } else if (run.spec_path.empty()) {
+        run.spec_path = args[i];
       } else {
         return UsageError("run takes one job file, got '" + args[i] + "' too");
       }
     }
-    if (spec.empty()) {
+    if (run.spec_path.empty()) {
       return UsageError("run needs a job file");
     }
-    return Run(spec, resume, events_fd);
+    return Run(run);
+  }
+  if (args[0] == "devices") {
+    if (args.size() > 1) return UsageError("devices takes no arguments");
+    const std::vector<std::string> devices = trainerd::engine::CudaDevices();
+    if (devices.empty()) std::puts("cpu");
+    for (const std::string& d : devices) std::puts(d.c_str());
+    return 0;
   }
   if (args[0] == "preview") {
     std::string spec_path;

@@ -37,7 +37,7 @@ if [ -z "$worker" ]; then
     exit 1
   fi
   echo "built in $((SECONDS - start)) s"
-  worker=$b/worker/trainerd-worker
+  worker=$b/bin/trainerd-worker
 fi
 
 python3 bench/tokenizer/tokenizer_bench.py --worker "$worker" --out "$out" "$@" 2>&1 | tee "$out/bench.log"

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Tokens per second of `trainerd-worker tokenize` against Hugging Face tokenizers.
 
-    python3 bench/tokenizer/tokenizer_bench.py --worker build/worker/trainerd-worker [--out DIR]
+    python3 bench/tokenizer/tokenizer_bench.py --worker build/bin/trainerd-worker [--out DIR]
         [--corpus-mb 32] [--runs 3] [--threads N] [--tokenizers DIR] [--extra-tokenizer NAME=PATH ...]
 
 Needs the standard library and the `tokenizers` package only (transformers, when installed, is

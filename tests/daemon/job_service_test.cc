@@ -65,12 +65,21 @@ class JobServiceTest : public ::testing::Test {
     auto store = JobStore::Open(dir_ + "/state/jobs.db");
     ASSERT_TRUE(store.ok()) << store.status().message();
     store_ = std::make_unique<JobStore>(std::move(store).value());
-    service_ = std::make_unique<JobService>(
-        *store_, dir_ + "/state", [this] { return ++now_; },
-        [this](int64_t id) { stopped_.push_back(id); });
+    auto registry = JobRegistry::Load(*store_);
+    ASSERT_TRUE(registry.ok()) << registry.status().message();
+    registry_ = std::move(registry).value();
+    JobService::Hooks hooks;
+    hooks.job_queued = [this] { ++queued_calls_; };
+    hooks.stop_running = [this](int64_t id, const std::string&) {
+      stopped_.push_back(id);
+      return Status::Ok();
+    };
+    service_ = std::make_unique<JobService>(*registry_, logs_, dir_ + "/state", [this] { return ++now_; }, hooks);
+    registry_->SetStateListener([this](const JobRecord& job) { service_->OnJobChanged(job); });
   }
   void TearDown() override {
     service_.reset();
+    registry_.reset();
     store_.reset();
     std::system(("rm -rf " + dir_).c_str());
   }
@@ -127,7 +136,10 @@ class JobServiceTest : public ::testing::Test {
   std::string dir_;
   int64_t now_ = 1000;
   std::vector<int64_t> stopped_;
+  int queued_calls_ = 0;
   std::unique_ptr<JobStore> store_;
+  std::unique_ptr<JobRegistry> registry_;
+  JobLogs logs_;
   std::unique_ptr<JobService> service_;
 };
 
@@ -271,7 +283,7 @@ TEST_F(JobServiceTest, ListAllVersusActive) {
   Submit(Spec());
   Submit(Spec());
   Submit(Spec());
-  ASSERT_TRUE(store_->Cancel(2, "test", 5).ok());
+  ASSERT_TRUE(registry_->Cancel(2, "test", 5).ok());
 
   proto::Request request;
   request.mutable_list();
@@ -333,8 +345,8 @@ TEST_F(JobServiceTest, CancelUnknownIdIsNotFoundAndChangesNothing) {
 
 TEST_F(JobServiceTest, CancelEndedIsBadRequest) {
   int64_t id = Submit(Spec());
-  ASSERT_TRUE(store_->MarkRunning(id, "cpu", 10).ok());
-  ASSERT_TRUE(store_->Finish(id, JobState::kSucceeded, {}, "", 20).ok());
+  ASSERT_TRUE(registry_->MarkRunning(id, "cpu", 10).ok());
+  ASSERT_TRUE(registry_->Finish(id, JobState::kSucceeded, {}, "", 20).ok());
   proto::Reply reply = Cancel({id}, kAna);
   EXPECT_EQ(reply.error().code(), proto::ERROR_CODE_BAD_REQUEST);
   EXPECT_EQ(reply.error().message(), "job 1 already succeeded");
@@ -343,7 +355,7 @@ TEST_F(JobServiceTest, CancelEndedIsBadRequest) {
 TEST_F(JobServiceTest, CancelRunningAsksTheSupervisor) {
   int64_t running = Submit(Spec());
   int64_t queued = Submit(Spec());
-  ASSERT_TRUE(store_->MarkRunning(running, "cpu", 10).ok());
+  ASSERT_TRUE(registry_->MarkRunning(running, "cpu", 10).ok());
   proto::Reply reply = Cancel({running, queued}, kAna);
   ASSERT_EQ(reply.error().code(), proto::ERROR_CODE_NONE) << reply.error().message();
   ASSERT_EQ(reply.cancel().cancelled_size(), 2);
@@ -352,7 +364,7 @@ TEST_F(JobServiceTest, CancelRunningAsksTheSupervisor) {
   EXPECT_EQ(StateOf(queued), JobState::kCancelled);
 
   // Without a way to stop workers, cancelling a running job is an error, not a silent no-op.
-  JobService bare(*store_, dir_ + "/state");
+  JobService bare(*registry_, logs_, dir_ + "/state");
   PeerCredentials peer;
   peer.uid = kAna;
   proto::Request request;
@@ -386,58 +398,132 @@ TEST_F(JobServiceTest, LogsTail) {
   request.mutable_logs()->set_job_id(9);
   EXPECT_EQ(Ask(request).error().code(), proto::ERROR_CODE_NOT_FOUND);
 
+  // Streamed answers go through Handle (FollowAndWaitOverTheSocket), not Answer.
   request.mutable_logs()->set_job_id(id);
   request.mutable_logs()->set_follow(true);
-  reply = Ask(request);
-  EXPECT_EQ(reply.error().code(), proto::ERROR_CODE_INTERNAL);
-  EXPECT_CONTAINS(reply.error().message(), "supervisor");
-
-  proto::Request wait;
-  wait.mutable_wait()->set_job_id(id);
-  EXPECT_EQ(Ask(wait).error().code(), proto::ERROR_CODE_INTERNAL);
+  EXPECT_EQ(Ask(request).error().code(), proto::ERROR_CODE_BAD_REQUEST);
 }
+
+// The service behind a real Server on a unix socket, its io_context on a
+// thread of its own; `post` runs code on that thread (as the supervisor would).
+class ServedOverSocket {
+ public:
+  ServedOverSocket(RequestHandler& handler, const std::string& path)
+      : work_(boost::asio::make_work_guard(io_)), server_(io_, handler), path_(path) {
+    std::promise<Status> listened;
+    boost::asio::post(io_, [&] { listened.set_value(server_.Listen(path_, 0600)); });
+    thread_ = std::thread([this] { io_.run(); });
+    listen_status_ = listened.get_future().get();
+  }
+  ~ServedOverSocket() {
+    Run([this] { server_.Stop(); });
+    work_.reset();
+    io_.stop();
+    thread_.join();
+  }
+  const Status& listen_status() const { return listen_status_; }
+
+  // Runs `f` on the io thread and waits for it.
+  void Run(std::function<void()> f) {
+    std::promise<void> done;
+    boost::asio::post(io_, [&] {
+      f();
+      done.set_value();
+    });
+    done.get_future().wait();
+  }
+
+  // A new connection that has sent `request`.
+  int Send(const proto::Request& request) const {
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, path_.c_str(), sizeof(addr.sun_path) - 1);
+    EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    timeval tv{10, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    EXPECT_TRUE(WriteFrame(fd, Serialize(request)).ok());
+    return fd;
+  }
+
+  // The next Reply on `fd` (an empty one, with a failure recorded, if none).
+  static proto::Reply NextReply(int fd) {
+    proto::Reply reply;
+    auto frame = ReadFrame(fd);
+    EXPECT_TRUE(frame.ok() && frame->has_value());
+    if (frame.ok() && frame->has_value()) {
+      EXPECT_TRUE(ParseFrame(**frame, &reply).ok());
+    }
+    return reply;
+  }
+
+ private:
+  boost::asio::io_context io_;
+  boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work_;
+  Server server_;
+  std::string path_;
+  std::thread thread_;
+  Status listen_status_;
+};
 
 // Handle, through a real Server on a unix socket: the peer is this process.
 TEST_F(JobServiceTest, HandleAnswersOverTheSocket) {
-  namespace asio = boost::asio;
-  asio::io_context io;
-  auto work = asio::make_work_guard(io);
-  Server server(io, *service_);
-  const std::string path = dir_ + "/run/trainerd.sock";
-  std::promise<Status> listened;
-  asio::post(io, [&] { listened.set_value(server.Listen(path, 0600)); });
-  std::thread thread([&] { io.run(); });
-  Status status = listened.get_future().get();
-  ASSERT_TRUE(status.ok()) << status.message();
-
-  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  ASSERT_GE(fd, 0);
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
-  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  timeval tv{10, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-
-  ASSERT_TRUE(WriteFrame(fd, Serialize(SubmitRequest(Spec()))).ok());
-  auto frame = ReadFrame(fd);
-  ASSERT_TRUE(frame.ok() && frame->has_value());
-  proto::Reply reply;
-  ASSERT_TRUE(ParseFrame(**frame, &reply).ok());
+  ServedOverSocket served(*service_, dir_ + "/run/trainerd.sock");
+  ASSERT_TRUE(served.listen_status().ok()) << served.listen_status().message();
+  const int fd = served.Send(SubmitRequest(Spec()));
+  proto::Reply reply = ServedOverSocket::NextReply(fd);
   EXPECT_EQ(reply.error().code(), proto::ERROR_CODE_NONE) << reply.error().message();
   EXPECT_EQ(reply.submit().job_id(), 1);
   close(fd);
   EXPECT_EQ(store_->Get(1)->value().owner_uid, getuid());
+  EXPECT_EQ(queued_calls_, 1);  // the supervisor is told to schedule
+}
 
-  std::promise<void> stopped;
-  asio::post(io, [&] {
-    server.Stop();
-    stopped.set_value();
+// logs --follow and wait through a real Server: the follower gets the tail,
+// then each appended line; both streams end when the job ends.
+TEST_F(JobServiceTest, FollowAndWaitOverTheSocket) {
+  const int64_t id = Submit(Spec());
+  ASSERT_TRUE(registry_->MarkRunning(id, "cpu", 10).ok());
+  ASSERT_TRUE(logs_.Open(id, dir_ + "/state/jobs/1/log").ok());
+  ASSERT_TRUE(logs_.Append(id, "before").ok());
+  ServedOverSocket served(*service_, dir_ + "/run/trainerd.sock");
+  ASSERT_TRUE(served.listen_status().ok()) << served.listen_status().message();
+
+  proto::Request follow;
+  follow.mutable_logs()->set_job_id(id);
+  follow.mutable_logs()->set_follow(true);
+  const int follower = served.Send(follow);
+  proto::Request wait;
+  wait.mutable_wait()->set_job_id(id);
+  const int waiter = served.Send(wait);
+
+  proto::Reply tail = ServedOverSocket::NextReply(follower);
+  ASSERT_EQ(tail.logs().lines_size(), 1);
+  EXPECT_EQ(tail.logs().lines(0).text(), "before");
+  EXPECT_FALSE(tail.end_of_stream());
+
+  // Appending and finishing happen on the io thread, as the supervisor does them.
+  served.Run([&] {
+    EXPECT_TRUE(logs_.Append(id, "live line").ok());
+    EXPECT_TRUE(registry_->Finish(id, JobState::kFailed, JobResult{1, 0, "", 0}, "it broke", 99).ok());
   });
-  stopped.get_future().wait();
-  work.reset();
-  io.stop();
-  thread.join();
+  proto::Reply live = ServedOverSocket::NextReply(follower);
+  ASSERT_EQ(live.logs().lines_size(), 1);
+  EXPECT_EQ(live.logs().lines(0).text(), "live line");
+  EXPECT_GT(live.logs().lines(0).unix_ms(), 0);
+  EXPECT_TRUE(ServedOverSocket::NextReply(follower).end_of_stream());
+
+  proto::Reply waited = ServedOverSocket::NextReply(waiter);
+  EXPECT_TRUE(waited.end_of_stream());
+  EXPECT_EQ(waited.wait().job().state(), proto::JOB_STATE_FAILED);
+  EXPECT_EQ(waited.wait().job().reason(), "it broke");
+  close(follower);
+  close(waiter);
+
+  // Waiting for a job that has already ended answers at once.
+  const int late = served.Send(wait);
+  EXPECT_EQ(ServedOverSocket::NextReply(late).wait().job().state(), proto::JOB_STATE_FAILED);
+  close(late);
 }
 
 }  // namespace

@@ -24,7 +24,7 @@
 
 namespace trainerd::worker::testing {
 
-inline const std::string kWorker = std::string(TRAINERD_BINARY_DIR) + "/worker/trainerd-worker";
+inline const std::string kWorker = std::string(TRAINERD_BINARY_DIR) + "/bin/trainerd-worker";
 inline const std::string kModel = std::string(TRAINERD_FIXTURES) + "/llama/model";
 inline const std::string kTrain = std::string(TRAINERD_FIXTURES) + "/llama/lora_train/train.jsonl";
 inline const std::string kEval = std::string(TRAINERD_FIXTURES) + "/llama/eval.jsonl";

@@ -30,7 +30,7 @@ std::string ReadAll(const std::string& path) {
 Result RunTokenize(const std::string& model, const std::string& input, const std::string& args = "") {
   const std::string dir = testing::MakeTempDir();
   std::ofstream(dir + "/in.jsonl") << input;
-  const std::string command = std::string(TRAINERD_BINARY_DIR) + "/worker/trainerd-worker tokenize '" + model +
+  const std::string command = std::string(TRAINERD_BINARY_DIR) + "/bin/trainerd-worker tokenize '" + model +
                               "' " + args + " < " + dir + "/in.jsonl > " + dir + "/out 2> " + dir + "/err";
   const int status = std::system(command.c_str());
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, ReadAll(dir + "/out"), ReadAll(dir + "/err")};
