@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Run on the GPU machine (see ../shared/gpu/README.md): builds against the LibTorch of the
 # machine's PyTorch with CUDA, runs the whole suite on the CPU, the parity and packing suites on
-# CUDA in float32 and bfloat16, checks that PEFT loads an adapter trainerd wrote, and runs the demo
-# on the GPU. Logs go to $OUT (or /tmp/gpu-check).
+# CUDA in float32 and bfloat16, checks that PEFT loads an adapter trainerd wrote, runs the demo
+# on the GPU, and runs it again through trainerd (GPUs found by the worker) and trainctl.
+# Logs go to $OUT (or /tmp/gpu-check).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/gpu-check}
@@ -32,3 +33,14 @@ echo "== demo on the GPU"; $b/bin/trainerd-worker run etc/examples/tiny-lora.yam
 echo "== transformers loads a merged model trainerd wrote"
 $b/bin/trainerd-worker run etc/examples/merge-check.yaml > "$out/merge.log" 2>&1 &&
   python3 tools/check_merged_load.py tests/fixtures/llama/model /tmp/trainerd-merge-check 2>&1 | tail -1 | tee "$out/merged-load.txt"
+echo "== trainerd on the GPU: the devices the worker reports, the demo job through trainerd + trainctl"
+$b/bin/trainerd-worker devices 2>&1 | tee "$out/devices.txt"
+d=/tmp/gpu-check-daemon; rm -rf $d; mkdir -p $d
+$b/bin/trainerd --socket $d/sock --state-dir $d/state 2> "$out/trainerd.log" &
+daemon=$!
+for _ in $(seq 100); do [ -S $d/sock ] && break; sleep 0.1; done
+TRAINERD_SOCKET=$d/sock $b/bin/trainctl submit etc/examples/tiny-lora.yaml --wait > "$out/daemon-demo.txt" 2>&1
+echo "trainctl submit --wait rc $?"
+TRAINERD_SOCKET=$d/sock $b/bin/trainctl status 1 | tee -a "$out/daemon-demo.txt"
+TRAINERD_SOCKET=$d/sock $b/bin/trainctl logs 1 > "$out/daemon-demo-log.txt"
+kill -TERM $daemon; wait $daemon; echo "trainerd exit $?"
