@@ -45,6 +45,7 @@ struct ProgressEvent {
   double tokens_per_s = 0;  // non-padding tokens per second since the last event
   double elapsed_s = 0;
   double eta_s = 0;
+  int64_t peak_memory_bytes = 0;  // most GPU memory allocated so far (CUDA caching allocator); 0 on the CPU
 };
 
 struct EvalEvent {

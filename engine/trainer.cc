@@ -1,5 +1,9 @@
 #include "engine/trainer.h"
 
+#ifdef TRAINERD_WITH_C10_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
+
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -12,6 +16,18 @@ namespace trainerd::engine {
 namespace fs = std::filesystem;
 
 namespace {
+
+// The most memory the CUDA caching allocator has had allocated on `device`
+// since the process started; 0 on the CPU or without CUDA support.
+int64_t PeakMemoryBytes(const torch::Device& device) {
+#ifdef TRAINERD_WITH_C10_CUDA
+  if (device.is_cuda()) {
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
+    return stats.allocated_bytes[0].peak;  // [0]: StatType::AGGREGATE, every pool
+  }
+#endif
+  return 0;
+}
 
 using Clock = std::chrono::steady_clock;
 
@@ -218,6 +234,7 @@ StatusOr<RunResult> Trainer::Run(const RunOptions& options) {
       e.tokens_per_s = window_s > 0 ? window_tokens / window_s : 0;
       e.elapsed_s = Seconds(start);
       e.eta_s = e.elapsed_s / static_cast<double>(state.step - first_step) * static_cast<double>(total_steps_ - state.step);
+      e.peak_memory_bytes = PeakMemoryBytes(model_.device());
       reporter_.OnProgress(e);
       window_start = Clock::now();
       window_loss = 0;

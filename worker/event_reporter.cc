@@ -56,7 +56,7 @@ void EventReporter::OnProgress(const engine::ProgressEvent& e) {
   progress->set_grad_norm(e.grad_norm);
   progress->set_tokens_per_second(e.tokens_per_s);
   progress->set_mfu(0);                // not measured by the engine yet
-  progress->set_peak_memory_bytes(0);  // not measured by the engine yet
+  progress->set_peak_memory_bytes(e.peak_memory_bytes);
   progress->set_elapsed_seconds(e.elapsed_s);
   progress->set_eta_seconds(e.eta_s);
   progress->set_eval_loss(last_eval_loss_);

@@ -399,6 +399,101 @@ TEST_F(WorkerCliTest, FreshRunStoppedEarlyResumesFromItsOwnCheckpoint) {
 // Known bug (worker/console_reporter.cc OnStart opens metrics.jsonl for every
 // task): an eval job truncates output.dir/metrics.jsonl, losing the training
 // history of a finetune run written to the same folder. Enable once fixed.
+// ---------------------------------------------------------------------------
+// How trainerd hands a job over: --base-dir, --source, --output-dir,
+// --checkpoint-every, --device; `devices`; the output folder's lock.
+
+TEST_F(WorkerCliTest, DaemonOptionsResolvePathsNameTheSourceAndFillOutputDir) {
+  // A spec with a relative data path and no output.dir, kept away from the folder it names.
+  fs::create_directories(PathOf("user/data"));
+  fs::copy_file(kTrain, PathOf("user/data/train.jsonl"));
+  const std::string spec = WriteJob("copy.yaml", "model:\n  path: " + kModel +
+                                                     "\nadapter:\n  r: 4\ndata:\n  train: data/train.jsonl\n"
+                                                     "training:\n  max_steps: 3\n  log_every: 1\ndevice: cuda\n");
+  const std::string out = PathOf("jobs/7/output");
+  Outcome r = Run({"run", spec, "--base-dir", PathOf("user"), "--source", "/home/ana/llama.yaml", "--output-dir", out,
+                   "--checkpoint-every", "2", "--device", "cpu"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(fs::is_regular_file(out + "/adapter/adapter_model.safetensors"));
+  // --checkpoint-every applied (the spec set none): a checkpoint at step 2.
+  EXPECT_NE(r.err.find("checkpoint written: " + out + "/checkpoints/checkpoint-2"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("on cpu"), std::string::npos) << r.err;  // --device over the spec's cuda
+
+  // Without --output-dir the spec must set output.dir; errors name --source.
+  r = Run({"run", spec, "--base-dir", PathOf("user"), "--source", "/home/ana/llama.yaml"});
+  EXPECT_EQ(r.exit_code, kExitFailed);
+  EXPECT_NE(r.err.find("/home/ana/llama.yaml"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("output.dir"), std::string::npos) << r.err;
+
+  // The spec's own output.dir and checkpoint_every win over the defaults.
+  const std::string own = WriteJob("own.yaml", LoraJobYaml(PathOf("own"), "  max_steps: 3\n  checkpoint_every: 1\n", false));
+  r = Run({"run", own, "--output-dir", out + "-unused", "--checkpoint-every", "2"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(fs::is_directory(PathOf("own/adapter")));
+  EXPECT_FALSE(fs::exists(out + "-unused"));
+  EXPECT_NE(r.err.find("checkpoint-1"), std::string::npos) << r.err;
+}
+
+TEST_F(WorkerCliTest, DaemonOptionValuesAreChecked) {
+  const std::string job = WriteJob("job.yaml", LoraJobYaml(PathOf("o"), "  max_steps: 1\n", false));
+  for (const std::vector<std::string>& bad : std::vector<std::vector<std::string>>{
+           {"--base-dir", "relative"}, {"--output-dir", ""}, {"--checkpoint-every", "-1"},
+           {"--checkpoint-every", "x"}, {"--device", "tpu"}, {"--source"}}) {
+    std::vector<std::string> args{"run", job};
+    args.insert(args.end(), bad.begin(), bad.end());
+    Outcome r = Run(args);
+    EXPECT_EQ(r.exit_code, kExitUsage) << bad[0] << ": " << r.err;
+    EXPECT_NE(r.err.find(bad[0]), std::string::npos) << r.err;
+  }
+}
+
+TEST_F(WorkerCliTest, DevicesListsTheGpusOrCpu) {
+  Outcome r = Run({"devices"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::vector<std::string> lines = Lines(r.out);
+  ASSERT_FALSE(lines.empty());
+  if (lines[0] == "cpu") {
+    EXPECT_EQ(lines.size(), 1u);
+  } else {
+    for (size_t i = 0; i < lines.size(); ++i) EXPECT_EQ(lines[i], "cuda:" + std::to_string(i));
+  }
+  EXPECT_EQ(Run({"devices", "extra"}).exit_code, kExitUsage);
+}
+
+// A second worker on the same output folder waits for the first to exit.
+TEST_F(WorkerCliTest, SecondWorkerOnOneOutputDirWaitsForTheFirst) {
+  const std::string out = PathOf("shared");
+  const std::string job = WriteJob("job.yaml", LoraJobYaml(out, "  max_steps: 100000\n  log_every: 100\n", false));
+  WorkerProcess first({"run", job}, dir_.path());
+  ASSERT_TRUE(first.started());
+  const auto deadline = std::chrono::steady_clock::now() + kRunTimeout;
+  while (first.Running() && first.out().find("step ") == std::string::npos &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_TRUE(first.Running()) << first.err();
+  WorkerProcess second({"run", job, "--resume"}, dir_.path());
+  ASSERT_TRUE(second.started());
+  while (second.Running() && second.err().find("waiting for the other worker") == std::string::npos &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_NE(second.err().find("waiting for the other worker writing " + out + " to exit"), std::string::npos)
+      << second.err();
+  EXPECT_EQ(second.out().find("step "), std::string::npos);  // it has not started training
+  // The first stops (checkpoint); the second then resumes from that checkpoint.
+  ASSERT_TRUE(second.Running());
+  ASSERT_TRUE(first.Signal(SIGTERM));
+  EXPECT_EQ(first.Wait(), kExitStopped) << first.err();
+  while (second.Running() && second.err().find("resuming after step") == std::string::npos &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_NE(second.err().find("resuming after step"), std::string::npos) << second.err();
+  ASSERT_TRUE(second.Signal(SIGTERM));
+  EXPECT_EQ(second.Wait(), kExitStopped) << second.err();
+}
+
 TEST_F(WorkerCliTest, EvalJobLeavesMetricsJsonlAlone) {
   const std::string out = PathOf("run");
   fs::create_directories(out);
