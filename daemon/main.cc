@@ -14,8 +14,13 @@
 //
 // One thread: the io_context runs on the main thread; training runs in
 // trainerd-worker processes, never here.
+#include <fcntl.h>
 #include <limits.h>
+#include <sys/file.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <chrono>
 #include <cstdlib>
@@ -124,6 +129,7 @@ class Daemon {
     std::error_code ec;
     fs::create_directories(config_.state_dir + "/jobs", ec);
     if (ec) return Status::Error("creating the state folder " + config_.state_dir + ": " + ec.message());
+    TRAINERD_RETURN_IF_ERROR(LockStateDir());
     TRAINERD_ASSIGN_OR_RETURN(JobStore store, JobStore::Open(config_.state_dir + "/queue.db"));
     store_ = std::make_unique<JobStore>(std::move(store));
     TRAINERD_ASSIGN_OR_RETURN(std::vector<int64_t> requeued, store_->RecoverAfterRestart());
@@ -137,9 +143,15 @@ class Daemon {
     service_ = std::make_unique<JobService>(*registry_, logs_, config_.state_dir, JobService::Clock{}, hooks);
     registry_->SetStateListener([this](const JobRecord& job) {
       service_->OnJobChanged(job);
-      UpdateStatus();
+      UpdateStatus();  // queued counts; the supervisor updates it again once a worker runs
     });
-    supervisor_->SetChangeListener([this] { UpdateStatusSoon(); });
+    supervisor_->SetChangeListener([this](bool progress_only) {
+      if (progress_only) {
+        UpdateStatusSoon();
+      } else {
+        UpdateStatus();
+      }
+    });
 
     server_ = std::make_unique<Server>(io_, *service_);
     TRAINERD_ASSIGN_OR_RETURN(std::optional<int> systemd_fd, ListenFdFromSystemd());
@@ -157,8 +169,21 @@ class Daemon {
     spdlog::info("ready in {} ms: {} jobs in {}, {} queued", ms.count(), registry_->size(), config_.state_dir,
                  registry_->Count(JobState::kQueued));
     notifier_.Ready();
-    UpdateStatus();
     supervisor_->Start();
+    UpdateStatus();
+    return Status::Ok();
+  }
+
+  // One trainerd per state folder: a second one would requeue and rerun the
+  // first one's running jobs. The lock lives as long as the process (fd kept open).
+  Status LockStateDir() {
+    const std::string path = config_.state_dir + "/trainerd.lock";
+    state_lock_fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (state_lock_fd_ < 0) return Status::Error("opening " + path + ": " + std::strerror(errno));
+    if (::flock(state_lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+      return Status::Error("another trainerd uses the state folder " + config_.state_dir +
+                           " (it holds " + path + "); stop it, or give this one another --state-dir");
+    }
     return Status::Ok();
   }
 
@@ -185,6 +210,10 @@ class Daemon {
   }
 
   void Reload() {
+    if (stopping_) {
+      spdlog::info("SIGHUP while stopping: the config is not re-read");
+      return;
+    }
     notifier_.Reloading();
     StatusOr<DaemonConfig> config = ReadConfig(flags_);
     if (!config.ok()) {
@@ -279,6 +308,7 @@ class Daemon {
   std::unique_ptr<Server> server_;
   bool stopping_ = false;
   bool status_pending_ = false;
+  int state_lock_fd_ = -1;  // flock on <state_dir>/trainerd.lock, held until exit
 };
 
 }  // namespace
@@ -304,14 +334,16 @@ int main(int argc, char** argv) {
     const int code = app.exit(e);
     return code == 0 ? 0 : 2;
   }
+  // Errors before logging is set up: "<3>" (err) first under journald, as the logger would.
+  const char* priority = trainerd::StderrIsJournal(std::getenv) ? "<3>" : "";
   trainerd::StatusOr<trainerd::DaemonConfig> config = trainerd::daemon::ReadConfig(flags);
   if (!config.ok()) {
-    std::fprintf(stderr, "trainerd: error: %s\n", config.status().message().c_str());
+    std::fprintf(stderr, "%strainerd: error: %s\n", priority, config.status().message().c_str());
     return 1;
   }
   trainerd::Status logging = trainerd::SetUpLogging(config->log_level);
   if (!logging.ok()) {
-    std::fprintf(stderr, "trainerd: error: %s\n", logging.message().c_str());
+    std::fprintf(stderr, "%strainerd: error: %s\n", priority, logging.message().c_str());
     return 1;
   }
   return trainerd::daemon::Daemon(std::move(flags), std::move(*config)).Run();

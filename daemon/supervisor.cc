@@ -462,7 +462,7 @@ void Supervisor::OnEvent(Worker& worker, const std::string& payload) {
   }
   Status s = jobs_.UpdateProgress(id, progress);
   if (!s.ok()) spdlog::warn("{}: {}", JobName(id), s.message());
-  Changed();
+  Changed(/*progress_only=*/true);
 }
 
 Status Supervisor::Cancel(int64_t id, const std::string& reason) {
@@ -599,8 +599,8 @@ void Supervisor::Note(int64_t id, const std::string& text) {
   if (!s.ok()) spdlog::warn("{}: {}", JobName(id), s.message());
 }
 
-void Supervisor::Changed() {
-  if (on_change_) on_change_();
+void Supervisor::Changed(bool progress_only) {
+  if (on_change_) on_change_(progress_only);
 }
 
 std::string Supervisor::StatusLine() const {

@@ -79,8 +79,9 @@ class Supervisor {
   // interrupted and calls `done` once none is left. No job starts afterwards.
   void Shutdown(std::function<void()> done);
 
-  // Called (on the io thread) after anything STATUS shows changed.
-  void SetChangeListener(std::function<void()> listener) { on_change_ = std::move(listener); }
+  // Called (on the io thread) after anything STATUS shows changed:
+  // progress_only when only a running job's figures did (frequent).
+  void SetChangeListener(std::function<void(bool progress_only)> listener) { on_change_ = std::move(listener); }
   // One line for sd_notify's STATUS: "job 7 step 300/2400 8.1k tok/s, 3 queued".
   std::string StatusLine() const;
 
@@ -109,7 +110,7 @@ class Supervisor {
   void Conclude(Worker& worker);
   void FinishShutdown();
   void Note(int64_t id, const std::string& text);  // a trainerd line in the job's log
-  void Changed();
+  void Changed(bool progress_only = false);
 
   boost::asio::io_context& io_;
   JobRegistry& jobs_;
@@ -124,7 +125,7 @@ class Supervisor {
   bool started_ = false;
   bool stopping_ = false;
   std::function<void()> shutdown_done_;
-  std::function<void()> on_change_;
+  std::function<void(bool)> on_change_;
   std::shared_ptr<char> alive_ = std::make_shared<char>();
 };
 

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstring>
 #include <fstream>
 #include <iterator>
 #include <string>
@@ -20,6 +21,8 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+
+extern char** environ;
 
 namespace trainerd::integration {
 
@@ -39,15 +42,47 @@ inline void WriteFile(const std::string& path, const std::string& text) {
   out << text;
 }
 
-// Runs `argv` with `env` added, stdout/stderr to `stem`.out/.err; returns the pid.
-inline pid_t Spawn(const std::vector<std::string>& argv, const std::vector<std::string>& env,
-                   const std::string& stem) {
+// What a spawned child gets beyond its argv and output files.
+struct SpawnOptions {
+  std::vector<std::string> env;      // "NAME=value", added to (or replacing in) the environment
+  std::vector<std::string> pid_env;  // NAMEs set to the child's own pid, known only after fork
+                                     // (systemd's LISTEN_PID, WATCHDOG_PID)
+  std::vector<int> fds;              // become the child's fds 3, 4, ... (as systemd passes sockets);
+                                     // the caller keeps its own copies open
+};
+
+// Runs `argv` as `options` say, stdin from /dev/null, stdout/stderr to
+// `stem`.out/.err, every other fd closed; returns the pid.
+inline pid_t SpawnWith(const std::vector<std::string>& argv, const SpawnOptions& options, const std::string& stem) {
   const std::string out = stem + ".out", err = stem + ".err";
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
+  // The environment is built before fork (after it, only async-signal-safe
+  // calls): the pid variables get room for the digits the child writes.
+  auto name_of = [](const std::string& entry) { return entry.substr(0, entry.find('=')); };
+  std::vector<std::string> overrides = options.env;
+  for (const auto& name : options.pid_env) overrides.push_back(name + "=");
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string entry(*e);
+    bool replaced = false;
+    for (const auto& o : overrides) replaced = replaced || name_of(o) == name_of(entry);
+    if (!replaced) env.push_back(entry);
+  }
+  env.insert(env.end(), options.env.begin(), options.env.end());
+  const size_t first_pid_entry = env.size();
+  for (const auto& name : options.pid_env) env.push_back(name + "=" + std::string(20, '\0'));
+  std::vector<char*> envp;
+  for (auto& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  const int nfds = static_cast<int>(options.fds.size());
+  std::vector<int> moved(options.fds.size());
+
   const pid_t pid = ::fork();
   if (pid == 0) {
+    // The passed fds first go above 3..3+n (so none is overwritten), then into place.
+    for (int i = 0; i < nfds; ++i) moved[i] = ::fcntl(options.fds[i], F_DUPFD, 3 + nfds);
     const int o = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     const int e = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     const int in = ::open("/dev/null", O_RDONLY);
@@ -55,12 +90,30 @@ inline pid_t Spawn(const std::vector<std::string>& argv, const std::vector<std::
     ::dup2(in, 0);
     ::dup2(o, 1);
     ::dup2(e, 2);
-    for (int fd = 3; fd < 1024; ++fd) ::close(fd);
-    for (const auto& v : env) ::putenv(const_cast<char*>(v.c_str()));
-    ::execv(args[0], args.data());
+    for (int i = 0; i < nfds; ++i) {
+      if (moved[i] < 0 || ::dup2(moved[i], 3 + i) < 0) ::_exit(126);  // dup2 clears FD_CLOEXEC
+    }
+    for (int fd = 3 + nfds; fd < 1024; ++fd) ::close(fd);
+    const pid_t self = ::getpid();
+    for (size_t i = first_pid_entry; i < env.size(); ++i) {
+      char digits[20];
+      int n = 0;
+      for (pid_t v = self; v > 0 && n < 20; v /= 10) digits[n++] = static_cast<char>('0' + v % 10);
+      char* value = envp[i] + std::strlen(envp[i]);  // just after "NAME="
+      while (n > 0) *value++ = digits[--n];
+    }
+    ::execve(args[0], args.data(), envp.data());
     ::_exit(127);
   }
   return pid;
+}
+
+// Runs `argv` with `env` added, stdout/stderr to `stem`.out/.err; returns the pid.
+inline pid_t Spawn(const std::vector<std::string>& argv, const std::vector<std::string>& env,
+                   const std::string& stem) {
+  SpawnOptions options;
+  options.env = env;
+  return SpawnWith(argv, options, stem);
 }
 
 // Waits for `pid` up to `timeout`; the wait status, or -1 after killing it on timeout.
@@ -108,27 +161,50 @@ inline std::vector<pid_t> ChildrenOf(pid_t parent) {
   return out;
 }
 
+// True while `pid` exists and is not a zombie.
+inline bool IsRunning(pid_t pid) {
+  const std::string stat = ReadFile("/proc/" + std::to_string(pid) + "/stat");
+  const size_t close = stat.rfind(')');
+  return close != std::string::npos && close + 2 < stat.size() && stat[close + 2] != 'Z';
+}
+
 struct CtlResult {
   int exit_code = -1;  // -1: killed on timeout or by a signal
   std::string out, err;
+};
+
+// How a DaemonProcess starts trainerd beyond its defaults.
+struct DaemonOptions {
+  std::string log_level = "debug";  // --log-level; empty: no flag, the config file's log_level counts
+  SpawnOptions spawn;               // more environment and fds (systemd's NOTIFY_SOCKET, LISTEN_FDS, ...)
 };
 
 // A trainerd on `dir`/sock with state in `dir`/state, jobs on the CPU, and
 // `config` (YAML lines) as its config file.
 class DaemonProcess {
  public:
-  DaemonProcess(std::string dir, std::string config = "") : dir_(std::move(dir)), config_(std::move(config)) {}
+  DaemonProcess(std::string dir, std::string config = "", DaemonOptions options = {})
+      : dir_(std::move(dir)), config_(std::move(config)), options_(std::move(options)) {}
   ~DaemonProcess() {
     if (pid_ > 0) {
+      const std::vector<pid_t> workers = ChildrenOf(pid_);
       ::kill(pid_, SIGKILL);
       ::waitpid(pid_, nullptr, 0);
-      // Its workers get SIGTERM from the kernel (parent death); wait for them to go.
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      // Its workers get SIGTERM from the kernel (parent death) and checkpoint;
+      // wait for them to go, so nothing writes into the test's folder once it is removed.
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      for (pid_t worker : workers) {
+        while (IsRunning(worker) && std::chrono::steady_clock::now() < deadline) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        }
+      }
     }
   }
 
   std::string socket() const { return dir_ + "/sock"; }
   std::string state_dir() const { return dir_ + "/state"; }
+  // The config file Start writes; a test may rewrite it before a SIGHUP.
+  std::string config_path() const { return dir_ + "/trainerd.yaml"; }
   pid_t pid() const { return pid_; }
   // trainerd's stderr since its last Start; all_logs(): of every start.
   std::string log() const { return ReadFile(dir_ + "/trainerd-" + std::to_string(starts_) + ".err"); }
@@ -140,11 +216,7 @@ class DaemonProcess {
 
   // Starts trainerd and waits until its socket answers.
   void Start() {
-    WriteFile(dir_ + "/trainerd.yaml", "gpus: [cpu]\nstop_grace_seconds: 20\n" + config_);
-    ++starts_;
-    pid_ = Spawn({kTrainerd, "--config", dir_ + "/trainerd.yaml", "--socket", socket(), "--state-dir", state_dir(),
-                  "--log-level", "debug"},
-                 {}, dir_ + "/trainerd-" + std::to_string(starts_));
+    Launch();
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
     while (!CanConnect(socket()) && std::chrono::steady_clock::now() < deadline) {
       int status;
@@ -157,6 +229,18 @@ class DaemonProcess {
     ASSERT_TRUE(CanConnect(socket())) << "trainerd did not listen within 10 s:\n" << log();
   }
 
+  // Starts trainerd (config file, flags, options) without waiting for anything.
+  void Launch() {
+    WriteFile(config_path(), "gpus: [cpu]\nstop_grace_seconds: 20\n" + config_);
+    ++starts_;
+    std::vector<std::string> argv{kTrainerd, "--config", config_path(), "--socket", socket(), "--state-dir", state_dir()};
+    if (!options_.log_level.empty()) {
+      argv.push_back("--log-level");
+      argv.push_back(options_.log_level);
+    }
+    pid_ = SpawnWith(argv, options_.spawn, dir_ + "/trainerd-" + std::to_string(starts_));
+  }
+
   void Signal(int sig) { ::kill(pid_, sig); }
 
   // Waits for trainerd to exit; its wait status.
@@ -164,6 +248,16 @@ class DaemonProcess {
     const int status = WaitFor(pid_, timeout);
     pid_ = -1;
     return status;
+  }
+
+  // Polls log() until it contains `text` after `from` (a position in it); false after `timeout`.
+  bool WaitForLog(const std::string& text, std::chrono::milliseconds timeout, size_t from = 0) const {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (log().find(text, from) == std::string::npos) {
+      if (std::chrono::steady_clock::now() >= deadline) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return true;
   }
 
   // Runs trainctl ARGS against this daemon.
@@ -184,6 +278,7 @@ class DaemonProcess {
  private:
   std::string dir_;
   std::string config_;
+  DaemonOptions options_;
   pid_t pid_ = -1;
   int starts_ = 0;
 };

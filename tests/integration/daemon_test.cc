@@ -181,7 +181,7 @@ TEST_F(DaemonTest, WorkerKilledFailsTheJobAndTheNextOneRuns) {
 TEST_F(DaemonTest, SigtermCheckpointsInterruptsAndTheJobResumesAtTheNextStart) {
   DaemonProcess d(dir_.path());
   d.Start();
-  const int64_t id = Submit(d, WriteJob("job.yaml", "  max_steps: 3000\n  log_every: 10\n"));
+  const int64_t id = Submit(d, WriteJob("job.yaml", "  max_steps: 600\n  log_every: 10\n"));
   ASSERT_TRUE(WaitUntil(d, id, [](const json& j) { return Step(j) >= 20; })) << d.log();
   d.Signal(SIGTERM);
   const int status = d.Wait();
@@ -257,6 +257,30 @@ TEST_F(DaemonTest, BadSpecsAreRefusedAtSubmitWithKeyAndLine) {
   }
   CtlResult list = d.Ctl({"list", "--all", "--json"});
   EXPECT_EQ(json::parse(list.out).size(), 0u) << list.out;
+}
+
+TEST_F(DaemonTest, SecondDaemonOnTheSameStateFolderRefusesToStart) {
+  DaemonProcess d(dir_.path());
+  d.Start();
+  const pid_t second = Spawn({kTrainerd, "--socket", dir_ / "other.sock", "--state-dir", d.state_dir(), "--gpus", "cpu"},
+                             {}, dir_ / "second");
+  const int status = WaitFor(second, std::chrono::seconds(30));
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << status;
+  const std::string err = ReadFile(dir_ / "second.err");
+  EXPECT_NE(err.find("another trainerd uses the state folder " + d.state_dir()), std::string::npos) << err;
+  EXPECT_EQ(d.Ctl({"list"}).exit_code, 0);  // the first one is unharmed
+}
+
+TEST_F(DaemonTest, AWorkerThatCannotRunFailsTheJobSayingWhy) {
+  DaemonProcess d(dir_.path(), "worker: " + (dir_ / "no-such-worker") + "\n");
+  d.Start();
+  const int64_t id = Submit(d, WriteJob("job.yaml", kShort));
+  EXPECT_EQ(d.Ctl({"wait", std::to_string(id)}).exit_code, kExitJobFailed);
+  json job = Status(d, id);
+  EXPECT_EQ(job["state"], "failed");
+  EXPECT_EQ(job["result"]["exit_code"], 127);
+  EXPECT_NE(job["reason"].get<std::string>().find("cannot run " + (dir_ / "no-such-worker")), std::string::npos)
+      << job.dump();
 }
 
 // Raw connections: bytes that are not frames close only their own connection.

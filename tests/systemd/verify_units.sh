@@ -1,16 +1,40 @@
 #!/usr/bin/env bash
 # systemd-analyze verify on the units in systemd/: every directive known to
-# this systemd, the socket and service consistent. The units name
-# /usr/bin/trainerd, where the package installs it; verify checks that
-# ExecStart= is executable, so the copies here point at $1 (the trainerd
-# binary of the build, or any executable until the daemon binary exists).
+# this systemd, the socket and service consistent, ExecStart= executable. The
+# units name /usr/bin/trainerd, where the package installs it; the copies
+# verified here differ from the shipped units only in that path, which points
+# at $1, the trainerd binary of the build.
+#
+#   verify_units.sh BUILD/bin/trainerd
 set -euo pipefail
 src=$(cd "$(dirname "$0")/../../systemd" && pwd)
+if [ $# -ne 1 ]; then echo "usage: $0 PATH/TO/trainerd" >&2; exit 2; fi
 binary=$1
+case $binary in
+  /*) ;;
+  *) echo "$binary: give the trainerd binary's absolute path (ExecStart= needs one)"; exit 1 ;;
+esac
+[ -x "$binary" ] || { echo "$binary is not an executable: build trainerd first (ninja trainerd)"; exit 1; }
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+# The path only where it ends (a space or the end of the line), so a
+# /usr/bin/trainerd-something would stay as shipped; sed's replacement
+# specials (\ & |) in the binary's path are escaped.
+replacement=$(printf '%s' "$binary" | sed 's/[\\&|]/\\&/g')
 for unit in trainerd.service trainerd.socket; do
-  sed "s|/usr/bin/trainerd|$binary|g" "$src/$unit" > "$tmp/$unit"
+  sed -e "s|/usr/bin/trainerd |$replacement |g" -e "s|/usr/bin/trainerd\$|$replacement|" "$src/$unit" > "$tmp/$unit"
+done
+# The service runs the built binary; every other line is as shipped.
+shipped=$(grep '^ExecStart=' "$src/trainerd.service")
+case $shipped in
+  "ExecStart=/usr/bin/trainerd" | "ExecStart=/usr/bin/trainerd "*) ;;
+  *) echo "trainerd.service: '$shipped' does not run /usr/bin/trainerd"; exit 1 ;;
+esac
+grep -qxF "ExecStart=$binary${shipped#ExecStart=/usr/bin/trainerd}" "$tmp/trainerd.service" ||
+  { echo "trainerd.service: ExecStart= was not rewritten to $binary:"; grep '^ExecStart=' "$tmp/trainerd.service"; exit 1; }
+for unit in trainerd.service trainerd.socket; do
+  diff <(grep -v '^ExecStart=' "$src/$unit") <(grep -v '^ExecStart=' "$tmp/$unit") >/dev/null ||
+    { echo "$unit: rewriting /usr/bin/trainerd changed more than ExecStart="; exit 1; }
 done
 # verify prints problems and exits non-zero on errors; warnings also fail here.
 out=$(systemd-analyze verify --man=no "$tmp/trainerd.socket" "$tmp/trainerd.service" 2>&1) || { echo "$out"; exit 1; }
