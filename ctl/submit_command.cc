@@ -27,10 +27,7 @@ int RunSubmit(const CommandContext& context, const SubmitOptions& options) {
   if (options.parsable) {
     std::printf("%lld\n", static_cast<long long>(id));
   } else {
-    // SubmitReply carries only the id; trainerd names an unnamed job after the
-    // spec file's stem, as this does.
-    std::string name = options.name.empty() ? std::filesystem::path(options.file).stem().string() : options.name;
-    if (name.empty()) name = "job";
+    const std::string& name = reply->submit().name();
     std::printf("submitted job %lld (%s)\n", static_cast<long long>(id), name.c_str());
   }
   std::fflush(stdout);

@@ -225,6 +225,7 @@ proto::Reply JobService::Submit(const proto::SubmitRequest& request, const PeerC
 
   proto::Reply reply;
   reply.mutable_submit()->set_job_id(*id);
+  reply.mutable_submit()->set_name(job.name);
   return reply;
 }
 

@@ -349,6 +349,7 @@ TEST_F(TrainctlTest, SubmitSendsTheSpecWithSourceAndBaseDirAndPrintsTheId) {
   const std::string spec_path = WriteSpec("specs/llama-lora.yaml");
   proto::Reply reply;
   reply.mutable_submit()->set_job_id(7);
+  reply.mutable_submit()->set_name("llama-lora");  // the daemon names the job
   handler_.On(proto::Request::kSubmit, Answer(reply));
 
   // FILE relative to trainctl's working folder, as a user types it.
@@ -375,6 +376,7 @@ TEST_F(TrainctlTest, SubmitSendsNameAndPriority) {
   WriteSpec("job.yaml");
   proto::Reply reply;
   reply.mutable_submit()->set_job_id(8);
+  reply.mutable_submit()->set_name("my run");  // the daemon names the job
   handler_.On(proto::Request::kSubmit, Answer(reply));
   Outcome r = Run({"submit", dir_ / "job.yaml", "--name", "my run", "--priority", "-3"});
   EXPECT_EQ(r.exit_code, kExitOk) << r.err;
@@ -417,6 +419,7 @@ TEST_F(TrainctlTest, SubmitWaitExitsWithTheJobsOutcome) {
   WriteSpec("job.yaml");
   proto::Reply submitted;
   submitted.mutable_submit()->set_job_id(9);
+  submitted.mutable_submit()->set_name("job");  // the daemon names the job
   handler_.On(proto::Request::kSubmit, Answer(submitted));
   proto::Job done = MakeJob(9, "job", proto::JOB_STATE_SUCCEEDED);
   done.mutable_result()->set_output_path("/out/adapter");
@@ -440,6 +443,7 @@ TEST_F(TrainctlTest, SubmitFollowStreamsTheLogThenExitsWithTheOutcome) {
   WriteSpec("job.yaml");
   proto::Reply submitted;
   submitted.mutable_submit()->set_job_id(11);
+  submitted.mutable_submit()->set_name("job");  // the daemon names the job
   handler_.On(proto::Request::kSubmit, Answer(submitted));
   handler_.On(proto::Request::kLogs, StreamLinesScript({"step 1 loss 2.0", "step 2 loss 1.5"}));
   proto::Job failed = MakeJob(11, "job", proto::JOB_STATE_FAILED);

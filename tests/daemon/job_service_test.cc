@@ -144,10 +144,13 @@ class JobServiceTest : public ::testing::Test {
 };
 
 TEST_F(JobServiceTest, SubmitAssignsIdsAndStoresTheJob) {
-  EXPECT_EQ(Submit(Spec()), 1);
+  proto::Reply first = Ask(SubmitRequest(Spec()));
+  EXPECT_EQ(first.submit().job_id(), 1);
+  EXPECT_EQ(first.submit().name(), "llama");  // the reply names the job as stored
   proto::Reply reply = Ask(SubmitRequest(Spec(), "mine", 5), kBob);
   ASSERT_EQ(reply.error().code(), proto::ERROR_CODE_NONE) << reply.error().message();
   EXPECT_EQ(reply.submit().job_id(), 2);
+  EXPECT_EQ(reply.submit().name(), "mine");
 
   auto job = store_->Get(1);
   ASSERT_TRUE(job.ok() && job->has_value());
