@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <ctime>
+#include <map>
 #include <vector>
 
 namespace trainerd::ctl {
@@ -213,14 +214,21 @@ std::string SignalName(int signal) {
 }
 
 std::string UserName(uint32_t uid) {
+  // One passwd lookup per uid per process: a table of thousands of jobs has a
+  // few owners, and a lookup can cost milliseconds (nss-systemd, LDAP).
+  static std::map<uint32_t, std::string> cache;
+  auto cached = cache.find(uid);
+  if (cached != cache.end()) return cached->second;
   std::vector<char> buf(16384);
   passwd entry{};
   passwd* found = nullptr;
+  std::string name = std::to_string(uid);
   if (getpwuid_r(static_cast<uid_t>(uid), &entry, buf.data(), buf.size(), &found) == 0 && found != nullptr &&
       found->pw_name != nullptr && found->pw_name[0] != '\0') {
-    return found->pw_name;
+    name = found->pw_name;
   }
-  return std::to_string(uid);
+  cache.emplace(uid, name);
+  return name;
 }
 
 }  // namespace trainerd::ctl

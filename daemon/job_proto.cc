@@ -2,18 +2,17 @@
 
 namespace trainerd::daemon {
 
-proto::Job JobToProto(const JobRecord& job) {
-  proto::Job out;
-  out.set_id(job.id);
-  out.set_name(job.name);
-  out.set_owner_uid(job.owner_uid);
-  out.set_state(static_cast<proto::JobState>(job.state));  // same numbers by design
-  out.set_priority(job.priority);
-  out.set_submitted_unix_ms(job.submitted_unix_ms);
-  out.set_started_unix_ms(job.started_unix_ms);
-  out.set_finished_unix_ms(job.finished_unix_ms);
-  out.set_attempt(job.attempt);
-  proto::Progress* p = out.mutable_progress();
+void JobToProto(const JobRecord& job, proto::Job* out) {
+  out->set_id(job.id);
+  out->set_name(job.name);
+  out->set_owner_uid(job.owner_uid);
+  out->set_state(static_cast<proto::JobState>(job.state));  // same numbers by design
+  out->set_priority(job.priority);
+  out->set_submitted_unix_ms(job.submitted_unix_ms);
+  out->set_started_unix_ms(job.started_unix_ms);
+  out->set_finished_unix_ms(job.finished_unix_ms);
+  out->set_attempt(job.attempt);
+  proto::Progress* p = out->mutable_progress();
   p->set_step(job.progress.step);
   p->set_total_steps(job.progress.total_steps);
   p->set_epoch(job.progress.epoch);
@@ -26,20 +25,25 @@ proto::Job JobToProto(const JobRecord& job) {
   p->set_elapsed_seconds(job.progress.elapsed_seconds);
   p->set_eta_seconds(job.progress.eta_seconds);
   p->set_eval_loss(job.progress.eval_loss);
-  proto::JobResult* r = out.mutable_result();
+  proto::JobResult* r = out->mutable_result();
   r->set_exit_code(job.result.exit_code);
   r->set_signal(job.result.signal);
   r->set_output_path(job.result.output_path);
   r->set_eval_loss(job.result.eval_loss);
-  out.set_reason(job.reason);
-  out.set_output_dir(job.output_dir);
-  out.set_device(job.device);
+  out->set_reason(job.reason);
+  out->set_output_dir(job.output_dir);
+  out->set_device(job.device);
   if (!job.spec_yaml.empty() || !job.spec_source.empty() || !job.spec_base_dir.empty()) {
-    proto::JobSpec* s = out.mutable_spec();
+    proto::JobSpec* s = out->mutable_spec();
     s->set_yaml(job.spec_yaml);
     s->set_source(job.spec_source);
     s->set_base_dir(job.spec_base_dir);
   }
+}
+
+proto::Job JobToProto(const JobRecord& job) {
+  proto::Job out;
+  JobToProto(job, &out);
   return out;
 }
 

@@ -11,6 +11,8 @@ namespace trainerd::daemon {
 // record has it (JobStore::ListDetail::kWithoutSpec leaves it empty).
 // JobRecord's spec_json, log_path and queue_pos have no proto field.
 proto::Job JobToProto(const JobRecord& job);
+// The same, filling *out (which may live on an arena).
+void JobToProto(const JobRecord& job, proto::Job* out);
 
 // The inverse, for the fields proto::Job has; JOB_STATE_UNSPECIFIED or an
 // unknown state becomes kQueued.

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -13,9 +14,11 @@
 #include <utility>
 #include <vector>
 
+#include <google/protobuf/arena.h>
 #include <nlohmann/json.hpp>
 
 #include "common/spec_check.h"
+#include "common/utf8_text.h"
 #include "daemon/job_proto.h"
 
 namespace trainerd::daemon {
@@ -81,6 +84,9 @@ Status WriteFileAtomically(const std::string& path, const std::string& text) {
   return Status::Ok();
 }
 
+// The longest reason a ListReply's job carries (then "..."): see List.
+constexpr size_t kListReasonBytes = 200;
+
 int64_t SystemNowMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
              std::chrono::system_clock::now().time_since_epoch())
@@ -143,6 +149,14 @@ void JobService::Handle(const proto::Request& request, const PeerCredentials& pe
     Wait(request.wait(), writer);
     return;
   }
+  if (request.kind_case() == proto::Request::kList) {
+    // Built on an arena: thousands of Jobs' strings and submessages in a few blocks.
+    google::protobuf::Arena arena;
+    proto::Reply* reply = google::protobuf::Arena::CreateMessage<proto::Reply>(&arena);
+    List(request.list(), reply);
+    writer.End(*reply);
+    return;
+  }
   writer.End(Answer(request, peer));
 }
 
@@ -152,8 +166,11 @@ proto::Reply JobService::Answer(const proto::Request& request, const PeerCredent
       return Submit(request.submit(), peer);
     case proto::Request::kValidate:
       return Validate(request.validate());
-    case proto::Request::kList:
-      return List(request.list());
+    case proto::Request::kList: {
+      proto::Reply reply;
+      List(request.list(), &reply);
+      return reply;
+    }
     case proto::Request::kStatus:
       return StatusOf(request.status());
     case proto::Request::kCancel:
@@ -229,18 +246,28 @@ proto::Reply JobService::Submit(const proto::SubmitRequest& request, const PeerC
   return reply;
 }
 
-proto::Reply JobService::List(const proto::ListRequest& request) {
+void JobService::List(const proto::ListRequest& request, proto::Reply* reply) {
   std::vector<JobState> states;
   for (int s : request.states()) {
     if (s < static_cast<int>(JobState::kQueued) || s > static_cast<int>(JobState::kInterrupted)) {
-      return ErrorReply(proto::ERROR_CODE_BAD_REQUEST, "unknown job state " + std::to_string(s));
+      *reply = ErrorReply(proto::ERROR_CODE_BAD_REQUEST, "unknown job state " + std::to_string(s));
+      return;
     }
     states.push_back(static_cast<JobState>(s));
   }
-  proto::Reply reply;
-  proto::ListReply* list = reply.mutable_list();
-  for (const JobRecord* job : jobs_.Select(request.all(), states)) *list->add_jobs() = JobToProto(*job);
-  return reply;
+  const std::vector<const JobRecord*> jobs = jobs_.Select(request.all(), states);
+  proto::ListReply* list = reply->mutable_list();
+  list->mutable_jobs()->Reserve(static_cast<int>(jobs.size()));
+  for (const JobRecord* job : jobs) {
+    proto::Job* out = list->add_jobs();
+    JobToProto(*job, out);
+    // A table shows the reason's first line; status has all of it (a failed
+    // job's reason carries its worker's last lines, most of a list's bytes).
+    const std::string_view reason = job->reason;
+    const std::string_view line = reason.substr(0, reason.find('\n'));
+    const std::string_view shown = Utf8Prefix(line, kListReasonBytes);
+    if (shown.size() < reason.size()) out->set_reason(std::string(shown) + "...");
+  }
 }
 
 proto::Reply JobService::StatusOf(const proto::StatusRequest& request) {
@@ -299,7 +326,7 @@ proto::Reply JobService::Logs(const proto::LogsRequest& request) {
   proto::Reply reply;
   reply.set_end_of_stream(true);
   proto::LogsReply* logs = reply.mutable_logs();
-  for (std::string& line : *lines) logs->add_lines()->set_text(std::move(line));
+  for (const std::string& line : *lines) logs->add_lines()->set_text(ValidUtf8(line));
   return reply;
 }
 

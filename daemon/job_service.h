@@ -64,7 +64,8 @@ class JobService : public RequestHandler {
  private:
   proto::Reply Submit(const proto::SubmitRequest& request, const PeerCredentials& peer);
   proto::Reply Validate(const proto::ValidateRequest& request);
-  proto::Reply List(const proto::ListRequest& request);
+  // Fills *reply (which may live on an arena: a list of every job is ~10 allocations per job).
+  void List(const proto::ListRequest& request, proto::Reply* reply);
   proto::Reply StatusOf(const proto::StatusRequest& request);
   proto::Reply Cancel(const proto::CancelRequest& request, const PeerCredentials& peer);
   proto::Reply Logs(const proto::LogsRequest& request);

@@ -22,6 +22,7 @@
 #include "common/framing.h"
 #include "common/proto_framing.h"
 #include "common/short_count.h"
+#include "common/utf8_text.h"
 #include "daemon/child_process.h"
 #include "proto/trainerd.pb.h"
 
@@ -381,7 +382,8 @@ void Supervisor::ReadOutput(int64_t id) {
 }
 
 void Supervisor::OnOutputLine(Worker& worker, const std::string& line) {
-  std::string text = line;
+  // Valid UTF-8 (bad bytes become U+FFFD): log lines and reasons travel in protobuf strings.
+  std::string text = ValidUtf8(line);
   if (!text.empty() && text.back() == '\r') text.pop_back();
   Status s = logs_.Append(worker.job_id, text);
   if (!s.ok()) spdlog::warn("{}: {}", JobName(worker.job_id), s.message());
@@ -562,7 +564,7 @@ void Supervisor::Conclude(Worker& w) {
   } else {
     state = JobState::kFailed;
     if (w.finished && !w.finished->error().empty()) {
-      reason = w.finished->error();
+      reason = ValidUtf8(w.finished->error());
     } else if (stopped) {
       reason = "the worker was stopped by a signal from outside trainerd (exit 75) after a checkpoint; "
                "submit the job again to continue";

@@ -308,6 +308,33 @@ TEST_F(JobServiceTest, ListAllVersusActive) {
   EXPECT_EQ(reply.list().jobs(0).id(), 2);
 }
 
+TEST_F(JobServiceTest, ListCarriesTheReasonsFirstLineAndStatusAllOfIt) {
+  const int64_t id = Submit(Spec());
+  ASSERT_TRUE(registry_->MarkRunning(id, "cpu", 10).ok());
+  const std::string first_line = "the worker exited with status 1 \xE2\x82\xAC; its last lines:";
+  const std::string reason = first_line + "\n  error: boom\n  more";
+  ASSERT_TRUE(registry_->Finish(id, JobState::kFailed, JobResult{1, 0, "", 0}, reason, 20).ok());
+  proto::Request list;
+  list.mutable_list()->set_all(true);
+  proto::Reply listed = Ask(list);
+  ASSERT_EQ(listed.list().jobs_size(), 1);
+  EXPECT_EQ(listed.list().jobs(0).reason(), first_line + "...");
+  proto::Request status;
+  status.mutable_status()->set_job_id(id);
+  EXPECT_EQ(Ask(status).status().job().reason(), reason);
+
+  // A long first line is cut at 200 bytes, never inside a character.
+  const int64_t other = Submit(Spec());
+  std::string long_reason;
+  for (int i = 0; i < 100; ++i) long_reason += "\xE2\x82\xAC";
+  ASSERT_TRUE(registry_->Cancel(other, long_reason, 30).ok());
+  listed = Ask(list);
+  ASSERT_EQ(listed.list().jobs_size(), 2);
+  const std::string cut = listed.list().jobs(1).reason();
+  EXPECT_EQ(cut.size(), 66u * 3 + 3);  // 66 whole euro signs (198 bytes), then "..."
+  EXPECT_EQ(cut.substr(cut.size() - 3), "...");
+}
+
 TEST_F(JobServiceTest, CancelQueuedByOwner) {
   int64_t id = Submit(Spec());
   proto::Reply reply = Cancel({id}, kAna);
