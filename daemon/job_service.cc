@@ -14,7 +14,6 @@
 #include <utility>
 #include <vector>
 
-#include <google/protobuf/arena.h>
 #include <nlohmann/json.hpp>
 
 #include "common/spec_check.h"
@@ -150,11 +149,7 @@ void JobService::Handle(const proto::Request& request, const PeerCredentials& pe
     return;
   }
   if (request.kind_case() == proto::Request::kList) {
-    // Built on an arena: thousands of Jobs' strings and submessages in a few blocks.
-    google::protobuf::Arena arena;
-    proto::Reply* reply = google::protobuf::Arena::CreateMessage<proto::Reply>(&arena);
-    List(request.list(), reply);
-    writer.End(*reply);
+    writer.EndSerialized(SerializedList(request.list()));
     return;
   }
   writer.End(Answer(request, peer));
@@ -246,28 +241,77 @@ proto::Reply JobService::Submit(const proto::SubmitRequest& request, const PeerC
   return reply;
 }
 
-void JobService::List(const proto::ListRequest& request, proto::Reply* reply) {
+StatusOr<std::vector<const JobRecord*>> JobService::Listed(const proto::ListRequest& request) const {
   std::vector<JobState> states;
   for (int s : request.states()) {
     if (s < static_cast<int>(JobState::kQueued) || s > static_cast<int>(JobState::kInterrupted)) {
-      *reply = ErrorReply(proto::ERROR_CODE_BAD_REQUEST, "unknown job state " + std::to_string(s));
-      return;
+      return Status::Error("unknown job state " + std::to_string(s));
     }
     states.push_back(static_cast<JobState>(s));
   }
-  const std::vector<const JobRecord*> jobs = jobs_.Select(request.all(), states);
-  proto::ListReply* list = reply->mutable_list();
-  list->mutable_jobs()->Reserve(static_cast<int>(jobs.size()));
-  for (const JobRecord* job : jobs) {
-    proto::Job* out = list->add_jobs();
-    JobToProto(*job, out);
-    // A table shows the reason's first line; status has all of it (a failed
-    // job's reason carries its worker's last lines, most of a list's bytes).
-    const std::string_view reason = job->reason;
-    const std::string_view line = reason.substr(0, reason.find('\n'));
-    const std::string_view shown = Utf8Prefix(line, kListReasonBytes);
-    if (shown.size() < reason.size()) out->set_reason(std::string(shown) + "...");
+  return jobs_.Select(request.all(), states);
+}
+
+void JobService::ListedJob(const JobRecord& job, proto::Job* out) {
+  JobToProto(job, out);
+  // A table shows the reason's first line; status has all of it (a failed
+  // job's reason carries its worker's last lines, much of a list's bytes).
+  const std::string_view reason = job.reason;
+  const std::string_view shown = Utf8Prefix(reason.substr(0, reason.find('\n')), kListReasonBytes);
+  if (shown.size() < reason.size()) out->set_reason(std::string(shown) + "...");
+}
+
+void JobService::List(const proto::ListRequest& request, proto::Reply* reply) {
+  StatusOr<std::vector<const JobRecord*>> jobs = Listed(request);
+  if (!jobs.ok()) {
+    *reply = ErrorReply(proto::ERROR_CODE_BAD_REQUEST, jobs.status().message());
+    return;
   }
+  proto::ListReply* list = reply->mutable_list();
+  for (const JobRecord* job : *jobs) ListedJob(*job, list->add_jobs());
+}
+
+namespace {
+
+// Appends a length-delimited field (a submessage's bytes) in protobuf's wire format.
+void AppendLengthDelimited(std::string* out, int field_number, const std::string& bytes) {
+  auto varint = [out](uint64_t v) {
+    while (v >= 0x80) {
+      out->push_back(static_cast<char>((v & 0x7F) | 0x80));
+      v >>= 7;
+    }
+    out->push_back(static_cast<char>(v));
+  };
+  varint((static_cast<uint64_t>(field_number) << 3) | 2);  // wire type 2: length-delimited
+  varint(bytes.size());
+  out->append(bytes);
+}
+
+}  // namespace
+
+std::string JobService::SerializedList(const proto::ListRequest& request) {
+  StatusOr<std::vector<const JobRecord*>> jobs = Listed(request);
+  if (!jobs.ok()) return ErrorReply(proto::ERROR_CODE_BAD_REQUEST, jobs.status().message()).SerializeAsString();
+  std::string list;  // a ListReply: one `jobs` entry per job
+  proto::Job job_proto;
+  for (const JobRecord* job : *jobs) {
+    if (IsEnded(job->state)) {  // an ended job never changes: serialized once
+      auto cached = ended_job_bytes_.find(job->id);
+      if (cached == ended_job_bytes_.end()) {
+        job_proto.Clear();
+        ListedJob(*job, &job_proto);
+        cached = ended_job_bytes_.emplace(job->id, job_proto.SerializeAsString()).first;
+      }
+      AppendLengthDelimited(&list, proto::ListReply::kJobsFieldNumber, cached->second);
+    } else {
+      job_proto.Clear();
+      ListedJob(*job, &job_proto);
+      AppendLengthDelimited(&list, proto::ListReply::kJobsFieldNumber, job_proto.SerializeAsString());
+    }
+  }
+  std::string reply;  // a Reply with only `list` set
+  AppendLengthDelimited(&reply, proto::Reply::kListFieldNumber, list);
+  return reply;
 }
 
 proto::Reply JobService::StatusOf(const proto::StatusRequest& request) {

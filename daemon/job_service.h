@@ -20,6 +20,8 @@
 #include <list>
 #include <map>
 #include <string>
+#include <unordered_map>
+#include <vector>
 
 #include "common/job_spec.h"
 #include "common/status.h"
@@ -64,8 +66,14 @@ class JobService : public RequestHandler {
  private:
   proto::Reply Submit(const proto::SubmitRequest& request, const PeerCredentials& peer);
   proto::Reply Validate(const proto::ValidateRequest& request);
-  // Fills *reply (which may live on an arena: a list of every job is ~10 allocations per job).
+  // The jobs a ListRequest selects, or why the request is bad.
+  StatusOr<std::vector<const JobRecord*>> Listed(const proto::ListRequest& request) const;
+  // A job as a ListReply shows it: no spec, the reason's first line.
+  static void ListedJob(const JobRecord& job, proto::Job* out);
   void List(const proto::ListRequest& request, proto::Reply* reply);
+  // The same Reply, serialized, from each ended job's bytes serialized once
+  // (a list of 10,000 jobs is then mostly copying; see docs/benchmarks.md).
+  std::string SerializedList(const proto::ListRequest& request);
   proto::Reply StatusOf(const proto::StatusRequest& request);
   proto::Reply Cancel(const proto::CancelRequest& request, const PeerCredentials& peer);
   proto::Reply Logs(const proto::LogsRequest& request);
@@ -78,6 +86,7 @@ class JobService : public RequestHandler {
   Clock now_unix_ms_;
   Hooks hooks_;
   std::map<int64_t, std::list<ReplyWriter>> waiters_;
+  std::unordered_map<int64_t, std::string> ended_job_bytes_;  // ListedJob of ended jobs, serialized
 };
 
 }  // namespace trainerd::daemon

@@ -43,6 +43,9 @@ class ReplyWriter {
   // Queues `reply` as the last (or only) Reply and ends the answer. The caller
   // sets end_of_stream when the answer is a stream.
   void End(const proto::Reply& reply);
+  // Ends the answer with a Reply already serialized (a single Reply, not a
+  // stream's last): for answers assembled from cached bytes.
+  void EndSerialized(std::string payload);
   // Ends a streamed answer with a Reply that only has end_of_stream set.
   void EndStream();
 

@@ -26,6 +26,10 @@ void ReplyWriter::Send(const proto::Reply& reply) { session_->QueueReply(answer_
 
 void ReplyWriter::End(const proto::Reply& reply) { session_->QueueReply(answer_id_, reply, true); }
 
+void ReplyWriter::EndSerialized(std::string payload) {
+  session_->QueueSerializedReply(answer_id_, std::move(payload), /*end_of_stream=*/false, /*ends_answer=*/true);
+}
+
 void ReplyWriter::EndStream() {
   proto::Reply reply;
   reply.set_end_of_stream(true);
@@ -189,7 +193,11 @@ void Session::SetOnClose(uint64_t answer_id, std::function<void()> on_close) {
 
 void Session::QueueReply(uint64_t answer_id, const proto::Reply& reply, bool ends_answer) {
   if (!AnswerOpen(answer_id)) return;
-  std::string payload = Serialize(reply);
+  QueueSerializedReply(answer_id, Serialize(reply), reply.end_of_stream(), ends_answer);
+}
+
+void Session::QueueSerializedReply(uint64_t answer_id, std::string payload, bool end_of_stream, bool ends_answer) {
+  if (!AnswerOpen(answer_id)) return;
   if (Status fits = CheckFrameSize(payload.size()); !fits.ok()) {
     spdlog::error("connection from pid {} uid {}: reply dropped: {}", peer_.pid, peer_.uid,
                   fits.message());
@@ -197,7 +205,7 @@ void Session::QueueReply(uint64_t answer_id, const proto::Reply& reply, bool end
     error.mutable_error()->set_code(proto::ERROR_CODE_INTERNAL);
     error.mutable_error()->set_message("internal error: the reply is too large (" +
                                        fits.message() + ")");
-    error.set_end_of_stream(reply.end_of_stream());
+    error.set_end_of_stream(end_of_stream);
     payload = Serialize(error);
   }
   write_queue_.push_back(EncodeFrame(payload));

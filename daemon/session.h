@@ -59,6 +59,9 @@ class Session : public std::enable_shared_from_this<Session> {
   void DoWrite();
   // Queues `reply` for the answer `answer_id` (ignored unless it is the open one).
   void QueueReply(uint64_t answer_id, const proto::Reply& reply, bool ends_answer);
+  // The same for a Reply already serialized (`end_of_stream`: what it says, for the error that
+  // replaces a payload over the frame limit).
+  void QueueSerializedReply(uint64_t answer_id, std::string payload, bool end_of_stream, bool ends_answer);
   bool AnswerOpen(uint64_t answer_id) const;
   void SetOnClose(uint64_t answer_id, std::function<void()> on_close);
   // Logs one line about this peer and closes the connection.

@@ -556,5 +556,46 @@ TEST_F(JobServiceTest, FollowAndWaitOverTheSocket) {
   close(late);
 }
 
+// Over the socket a list is assembled from cached bytes (Handle); it must say
+// exactly what Answer's Reply says, before and after jobs end.
+TEST_F(JobServiceTest, ListOverTheSocketEqualsTheAnsweredReply) {
+  const int64_t done = Submit(Spec());
+  const int64_t running = Submit(Spec());
+  Submit(Spec());  // queued
+  ASSERT_TRUE(registry_->MarkRunning(done, "cpu", 10).ok());
+  ASSERT_TRUE(registry_->Finish(done, JobState::kFailed, JobResult{1, 0, "", 0}, "first\nsecond", 20).ok());
+  ASSERT_TRUE(registry_->MarkRunning(running, "cpu", 30).ok());
+  ServedOverSocket served(*service_, dir_ + "/run/trainerd.sock");
+  ASSERT_TRUE(served.listen_status().ok());
+  auto compare = [&](const proto::Request& request) {
+    const int fd = served.Send(request);
+    const proto::Reply over_socket = ServedOverSocket::NextReply(fd);
+    close(fd);
+    proto::Reply answered;
+    served.Run([&] { answered = Ask(request); });
+    EXPECT_EQ(over_socket.SerializeAsString(), answered.SerializeAsString())
+        << over_socket.DebugString() << "\nvs\n" << answered.DebugString();
+    return over_socket;
+  };
+  proto::Request all;
+  all.mutable_list()->set_all(true);
+  EXPECT_EQ(compare(all).list().jobs_size(), 3);
+  EXPECT_EQ(compare(all).list().jobs(0).reason(), "first...");  // served from the cache the second time
+  // A running job's progress changes between lists; an ended job's cached bytes stay right.
+  served.Run([&] {
+    JobProgress p;
+    p.step = 7;
+    EXPECT_TRUE(registry_->UpdateProgress(running, p).ok());
+    EXPECT_TRUE(registry_->Finish(running, JobState::kSucceeded, JobResult{0, 0, "/o/adapter", 0}, "", 40).ok());
+  });
+  EXPECT_EQ(compare(all).list().jobs(1).progress().step(), 7);
+  proto::Request active;
+  active.mutable_list();
+  EXPECT_EQ(compare(active).list().jobs_size(), 1);
+  proto::Request bad;
+  bad.mutable_list()->add_states(static_cast<proto::JobState>(42));
+  EXPECT_EQ(compare(bad).error().code(), proto::ERROR_CODE_BAD_REQUEST);
+}
+
 }  // namespace
 }  // namespace trainerd::daemon
