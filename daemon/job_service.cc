@@ -254,6 +254,7 @@ StatusOr<std::vector<const JobRecord*>> JobService::Listed(const proto::ListRequ
 
 void JobService::ListedJob(const JobRecord& job, proto::Job* out) {
   JobToProto(job, out);
+  out->clear_spec();  // status shows it
   // A table shows the reason's first line; status has all of it (a failed
   // job's reason carries its worker's last lines, much of a list's bytes).
   const std::string_view reason = job.reason;

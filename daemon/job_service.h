@@ -68,7 +68,7 @@ class JobService : public RequestHandler {
   proto::Reply Validate(const proto::ValidateRequest& request);
   // The jobs a ListRequest selects, or why the request is bad.
   StatusOr<std::vector<const JobRecord*>> Listed(const proto::ListRequest& request) const;
-  // A job as a ListReply shows it: no spec, the reason's first line.
+  // A job as a ListReply shows it: no spec (not even its source), the reason's first line.
   static void ListedJob(const JobRecord& job, proto::Job* out);
   void List(const proto::ListRequest& request, proto::Reply* reply);
   // The same Reply, serialized, from each ended job's bytes serialized once
