@@ -27,7 +27,12 @@ std::string FormatProgress(const engine::ProgressEvent& e) {
                 static_cast<long long>(e.step), static_cast<long long>(e.total_steps), e.loss, e.lr, e.grad_norm,
                 FormatCount(e.tokens_per_s).c_str(), FormatDuration(e.elapsed_s).c_str(),
                 FormatDuration(e.eta_s).c_str());
-  return buf;
+  std::string line = buf;
+  if (e.peak_memory_bytes > 0) {  // on a GPU
+    std::snprintf(buf, sizeof(buf), " | peak %.1f GiB", static_cast<double>(e.peak_memory_bytes) / (1 << 30));
+    line += buf;
+  }
+  return line;
 }
 
 void ConsoleReporter::OnStart(const engine::RunInfo& info) {

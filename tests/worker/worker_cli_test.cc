@@ -550,6 +550,9 @@ TEST(FormatTest, ProgressLine) {
                            "ETA 1:30"}) {
     EXPECT_NE(line.find(part), std::string::npos) << "lacks \"" << part << "\": " << line;
   }
+  EXPECT_EQ(line.find("peak"), std::string::npos) << line;  // the CPU: no GPU memory to show
+  e.peak_memory_bytes = int64_t{3} << 29;                    // 1.5 GiB
+  EXPECT_NE(FormatProgress(e).find(" | peak 1.5 GiB"), std::string::npos) << FormatProgress(e);
 }
 
 }  // namespace
