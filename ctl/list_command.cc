@@ -1,5 +1,7 @@
 // trainctl list [--all] [--state S]... [--json]
 #include <cstdio>
+#include <utility>
+#include <vector>
 
 #include "ctl/commands.h"
 #include "ctl/exit_codes.h"
@@ -18,10 +20,17 @@ int RunList(const CommandContext& context, const ListOptions& options) {
     list->add_states(*state);
   }
 
+  // Page by page (trainerd sends at most 10,000 jobs per reply), on one connection.
   DaemonSession session(context.socket);
-  std::optional<proto::Reply> reply = session.Call(request);
-  if (!reply) return session.exit_code();
-  const auto& jobs = reply->list().jobs();
+  std::vector<proto::Job> jobs;
+  while (true) {
+    std::optional<proto::Reply> reply = session.Call(request);
+    if (!reply) return session.exit_code();
+    proto::ListReply* page = reply->mutable_list();
+    for (proto::Job& job : *page->mutable_jobs()) jobs.push_back(std::move(job));
+    if (page->next_after_id() <= list->after_id()) break;  // the last page (or a daemon that does not page)
+    list->set_after_id(page->next_after_id());
+  }
 
   if (options.json) {
     nlohmann::ordered_json array = nlohmann::ordered_json::array();
@@ -37,7 +46,7 @@ int RunList(const CommandContext& context, const ListOptions& options) {
                   : "no jobs");
     return kExitOk;
   }
-  std::fputs(RenderJobTable({jobs.begin(), jobs.end()}, context.view).c_str(), stdout);
+  std::fputs(RenderJobTable(jobs, context.view).c_str(), stdout);
   return kExitOk;
 }
 

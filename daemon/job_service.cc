@@ -85,6 +85,8 @@ Status WriteFileAtomically(const std::string& path, const std::string& text) {
 
 // The longest reason a ListReply's job carries (then "..."): see List.
 constexpr size_t kListReasonBytes = 200;
+// The most jobs one ListReply holds (~300 bytes each: far below the 16 MiB frame limit).
+constexpr size_t kListPageJobs = 10000;
 
 int64_t SystemNowMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -241,7 +243,7 @@ proto::Reply JobService::Submit(const proto::SubmitRequest& request, const PeerC
   return reply;
 }
 
-StatusOr<std::vector<const JobRecord*>> JobService::Listed(const proto::ListRequest& request) const {
+StatusOr<JobService::ListPage> JobService::Listed(const proto::ListRequest& request) const {
   std::vector<JobState> states;
   for (int s : request.states()) {
     if (s < static_cast<int>(JobState::kQueued) || s > static_cast<int>(JobState::kInterrupted)) {
@@ -249,7 +251,18 @@ StatusOr<std::vector<const JobRecord*>> JobService::Listed(const proto::ListRequ
     }
     states.push_back(static_cast<JobState>(s));
   }
-  return jobs_.Select(request.all(), states);
+  if (request.limit() < 0) return Status::Error("list limit must be 0 or more, got " + std::to_string(request.limit()));
+  const size_t limit = request.limit() == 0 ? kListPageJobs : std::min<size_t>(request.limit(), kListPageJobs);
+  ListPage page;
+  for (const JobRecord* job : jobs_.Select(request.all(), states)) {
+    if (job->id <= request.after_id()) continue;
+    if (page.jobs.size() == limit) {
+      page.next_after_id = page.jobs.back()->id;
+      break;
+    }
+    page.jobs.push_back(job);
+  }
+  return page;
 }
 
 void JobService::ListedJob(const JobRecord& job, proto::Job* out) {
@@ -263,39 +276,42 @@ void JobService::ListedJob(const JobRecord& job, proto::Job* out) {
 }
 
 void JobService::List(const proto::ListRequest& request, proto::Reply* reply) {
-  StatusOr<std::vector<const JobRecord*>> jobs = Listed(request);
-  if (!jobs.ok()) {
-    *reply = ErrorReply(proto::ERROR_CODE_BAD_REQUEST, jobs.status().message());
+  StatusOr<ListPage> page = Listed(request);
+  if (!page.ok()) {
+    *reply = ErrorReply(proto::ERROR_CODE_BAD_REQUEST, page.status().message());
     return;
   }
   proto::ListReply* list = reply->mutable_list();
-  for (const JobRecord* job : *jobs) ListedJob(*job, list->add_jobs());
+  for (const JobRecord* job : page->jobs) ListedJob(*job, list->add_jobs());
+  list->set_next_after_id(page->next_after_id);
 }
 
 namespace {
 
-// Appends a length-delimited field (a submessage's bytes) in protobuf's wire format.
+// Protobuf's wire format, for a reply assembled from serialized pieces.
+void AppendVarint(std::string* out, uint64_t v) {
+  while (v >= 0x80) {
+    out->push_back(static_cast<char>((v & 0x7F) | 0x80));
+    v >>= 7;
+  }
+  out->push_back(static_cast<char>(v));
+}
+
+// A length-delimited field (wire type 2): a submessage's bytes.
 void AppendLengthDelimited(std::string* out, int field_number, const std::string& bytes) {
-  auto varint = [out](uint64_t v) {
-    while (v >= 0x80) {
-      out->push_back(static_cast<char>((v & 0x7F) | 0x80));
-      v >>= 7;
-    }
-    out->push_back(static_cast<char>(v));
-  };
-  varint((static_cast<uint64_t>(field_number) << 3) | 2);  // wire type 2: length-delimited
-  varint(bytes.size());
+  AppendVarint(out, (static_cast<uint64_t>(field_number) << 3) | 2);
+  AppendVarint(out, bytes.size());
   out->append(bytes);
 }
 
 }  // namespace
 
 std::string JobService::SerializedList(const proto::ListRequest& request) {
-  StatusOr<std::vector<const JobRecord*>> jobs = Listed(request);
-  if (!jobs.ok()) return ErrorReply(proto::ERROR_CODE_BAD_REQUEST, jobs.status().message()).SerializeAsString();
-  std::string list;  // a ListReply: one `jobs` entry per job
+  StatusOr<ListPage> page = Listed(request);
+  if (!page.ok()) return ErrorReply(proto::ERROR_CODE_BAD_REQUEST, page.status().message()).SerializeAsString();
+  std::string list;  // a ListReply: one `jobs` entry per job, then next_after_id
   proto::Job job_proto;
-  for (const JobRecord* job : *jobs) {
+  for (const JobRecord* job : page->jobs) {
     if (IsEnded(job->state)) {  // an ended job never changes: serialized once
       auto cached = ended_job_bytes_.find(job->id);
       if (cached == ended_job_bytes_.end()) {
@@ -309,6 +325,10 @@ std::string JobService::SerializedList(const proto::ListRequest& request) {
       ListedJob(*job, &job_proto);
       AppendLengthDelimited(&list, proto::ListReply::kJobsFieldNumber, job_proto.SerializeAsString());
     }
+  }
+  if (page->next_after_id != 0) {
+    AppendVarint(&list, (static_cast<uint64_t>(proto::ListReply::kNextAfterIdFieldNumber) << 3) | 0);  // varint
+    AppendVarint(&list, static_cast<uint64_t>(page->next_after_id));
   }
   std::string reply;  // a Reply with only `list` set
   AppendLengthDelimited(&reply, proto::Reply::kListFieldNumber, list);

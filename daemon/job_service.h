@@ -66,8 +66,13 @@ class JobService : public RequestHandler {
  private:
   proto::Reply Submit(const proto::SubmitRequest& request, const PeerCredentials& peer);
   proto::Reply Validate(const proto::ValidateRequest& request);
-  // The jobs a ListRequest selects, or why the request is bad.
-  StatusOr<std::vector<const JobRecord*>> Listed(const proto::ListRequest& request) const;
+  // One page of the jobs a ListRequest selects (and the next page's after_id,
+  // 0 when none), or why the request is bad.
+  struct ListPage {
+    std::vector<const JobRecord*> jobs;
+    int64_t next_after_id = 0;
+  };
+  StatusOr<ListPage> Listed(const proto::ListRequest& request) const;
   // A job as a ListReply shows it: no spec (not even its source), the reason's first line.
   static void ListedJob(const JobRecord& job, proto::Job* out);
   void List(const proto::ListRequest& request, proto::Reply* reply);

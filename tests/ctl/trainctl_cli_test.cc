@@ -759,6 +759,30 @@ TEST_F(TrainctlTest, ListJsonIsAnArrayOfJobsWithTheDocumentedFields) {
   EXPECT_TRUE(handler_.requests().at(0).list().all());
 }
 
+TEST_F(TrainctlTest, ListFollowsPagesUntilNextAfterIdIsZero) {
+  // Page 1: jobs 1 and 2, more after 2; page 2: job 3, the last.
+  handler_.On(proto::Request::kList, [](const proto::Request& request, ReplyWriter& writer) {
+    proto::Reply reply;
+    if (request.list().after_id() == 0) {
+      *reply.mutable_list()->add_jobs() = MakeJob(1, "a", proto::JOB_STATE_SUCCEEDED);
+      *reply.mutable_list()->add_jobs() = MakeJob(2, "b", proto::JOB_STATE_FAILED);
+      reply.mutable_list()->set_next_after_id(2);
+    } else {
+      *reply.mutable_list()->add_jobs() = MakeJob(3, "c", proto::JOB_STATE_QUEUED);
+    }
+    writer.End(reply);
+  });
+  Outcome r = Run({"list", "--all", "--json"});
+  ASSERT_EQ(r.exit_code, kExitOk) << r.err;
+  json j = json::parse(r.out, nullptr, /*allow_exceptions=*/false);
+  ASSERT_TRUE(j.is_array()) << r.out;
+  ASSERT_EQ(j.size(), 3u);
+  EXPECT_EQ(j[2]["id"], 3);
+  ASSERT_EQ(handler_.requests().size(), 2u);
+  EXPECT_EQ(handler_.requests()[1].list().after_id(), 2);
+  EXPECT_TRUE(handler_.requests()[1].list().all());
+}
+
 TEST_F(TrainctlTest, ListSendsTheStatesAsked) {
   proto::Reply reply;
   reply.mutable_list();

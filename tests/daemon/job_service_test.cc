@@ -592,9 +592,43 @@ TEST_F(JobServiceTest, ListOverTheSocketEqualsTheAnsweredReply) {
   proto::Request active;
   active.mutable_list();
   EXPECT_EQ(compare(active).list().jobs_size(), 1);
+  proto::Request paged = all;
+  paged.mutable_list()->set_limit(1);
+  EXPECT_EQ(compare(paged).list().next_after_id(), 1);
   proto::Request bad;
   bad.mutable_list()->add_states(static_cast<proto::JobState>(42));
   EXPECT_EQ(compare(bad).error().code(), proto::ERROR_CODE_BAD_REQUEST);
+}
+
+TEST_F(JobServiceTest, ListPagesFollowNextAfterId) {
+  for (int i = 0; i < 5; ++i) Submit(Spec());
+  ASSERT_TRUE(registry_->Cancel(2, "gone", 9).ok());
+  proto::Request request;
+  request.mutable_list()->set_all(true);
+  request.mutable_list()->set_limit(2);
+  std::vector<int64_t> seen;
+  std::vector<int64_t> next_ids;
+  for (int pages = 0; pages < 10; ++pages) {
+    proto::Reply reply = Ask(request);
+    ASSERT_EQ(reply.error().code(), proto::ERROR_CODE_NONE) << reply.error().message();
+    EXPECT_LE(reply.list().jobs_size(), 2);
+    for (const proto::Job& job : reply.list().jobs()) seen.push_back(job.id());
+    next_ids.push_back(reply.list().next_after_id());
+    if (reply.list().next_after_id() == 0) break;
+    request.mutable_list()->set_after_id(reply.list().next_after_id());
+  }
+  EXPECT_EQ(seen, (std::vector<int64_t>{1, 2, 3, 4, 5}));
+  EXPECT_EQ(next_ids, (std::vector<int64_t>{2, 4, 0}));
+  // Without --all: the cancelled job 2 is skipped, pages still cover the rest.
+  request.mutable_list()->set_all(false);
+  request.mutable_list()->set_after_id(0);
+  proto::Reply first = Ask(request);
+  ASSERT_EQ(first.list().jobs_size(), 2);
+  EXPECT_EQ(first.list().jobs(0).id(), 1);
+  EXPECT_EQ(first.list().jobs(1).id(), 3);
+  EXPECT_EQ(first.list().next_after_id(), 3);
+  request.mutable_list()->set_limit(-1);
+  EXPECT_EQ(Ask(request).error().code(), proto::ERROR_CODE_BAD_REQUEST);
 }
 
 }  // namespace
