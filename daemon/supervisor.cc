@@ -20,6 +20,7 @@
 #include <spdlog/spdlog.h>
 
 #include "common/framing.h"
+#include "common/log_setup.h"
 #include "common/proto_framing.h"
 #include "common/short_count.h"
 #include "common/utf8_text.h"
@@ -119,6 +120,11 @@ struct Supervisor::DeviceQuery {
   bool exited = false;
   int wait_status = 0;
 };
+
+Supervisor::Worker* Supervisor::FindWorker(int64_t id) {
+  auto it = workers_.find(id);
+  return it == workers_.end() ? nullptr : it->second.get();
+}
 
 Supervisor::Supervisor(asio::io_context& io, JobRegistry& jobs, JobLogs& logs, SupervisorConfig config,
                        Clock now_unix_ms)
@@ -227,9 +233,9 @@ void Supervisor::OnChildSignal() {
       worker->drain_timer.async_wait(
           [this, id = id, alive = std::weak_ptr<char>(alive_)](const boost::system::error_code& ec) {
             if (ec || alive.expired()) return;
-            auto it = workers_.find(id);
-            if (it == workers_.end()) return;
-            it->second->output_done = it->second->events_done = true;
+            Worker* w = FindWorker(id);
+            if (w == nullptr) return;
+            w->output_done = w->events_done = true;
             MaybeConclude(id);
           });
       break;
@@ -277,21 +283,21 @@ void Supervisor::StartJob(const JobRecord& queued, const std::string& device) {
   const int64_t id = queued.id;
   Status status = jobs_.MarkRunning(id, device, now_unix_ms_());
   if (!status.ok()) {
-    spdlog::error("{}: cannot start: {}", JobName(id), status.message());
+    spdlog::error("{}cannot start: {}", JobLogPrefix(id), status.message());
     return;
   }
   const JobRecord job = *jobs_.Find(id);
   const std::string dir = config_.state_dir + "/jobs/" + std::to_string(id);
   const std::string log_path = job.log_path.empty() ? dir + "/log" : job.log_path;
   Status opened = logs_.Open(id, log_path);
-  if (!opened.ok()) spdlog::warn("{}: {}", JobName(id), opened.message());
+  if (!opened.ok()) spdlog::warn("{}{}", JobLogPrefix(id), opened.message());
 
   auto fail = [&](const std::string& why) {
-    spdlog::error("{}: cannot start its worker: {}", JobName(id), why);
+    spdlog::error("{}cannot start its worker: {}", JobLogPrefix(id), why);
     Note(id, "cannot start the worker: " + why);
     Status s = jobs_.Finish(id, JobState::kFailed, JobResult{}, "trainerd could not start the worker: " + why,
                             now_unix_ms_());
-    if (!s.ok()) spdlog::error("{}: {}", JobName(id), s.message());
+    if (!s.ok()) spdlog::error("{}{}", JobLogPrefix(id), s.message());
     logs_.Close(id);
   };
 
@@ -338,7 +344,7 @@ void Supervisor::StartJob(const JobRecord& queued, const std::string& device) {
   const std::string attempt =
       job.attempt > 1 ? "attempt " + std::to_string(job.attempt) + ", resuming from its last checkpoint"
                       : "attempt 1";
-  spdlog::info("{}: started on {} ({}), worker pid {}", JobName(id), device, attempt, child->pid);
+  spdlog::info("{}started on {} ({}), worker pid {}", JobLogPrefix(id), device, attempt, child->pid);
   Note(id, "started on " + device + " (" + attempt + ")");
   ReadOutput(id);
   ReadEvents(id);
@@ -346,16 +352,16 @@ void Supervisor::StartJob(const JobRecord& queued, const std::string& device) {
 }
 
 void Supervisor::ReadOutput(int64_t id) {
-  auto it = workers_.find(id);
-  if (it == workers_.end()) return;
-  Worker& w = *it->second;
+  Worker* found = FindWorker(id);
+  if (found == nullptr) return;
+  Worker& w = *found;
   w.output.async_read_some(
       asio::buffer(w.output_buffer),
       [this, id, alive = std::weak_ptr<char>(alive_)](const boost::system::error_code& ec, size_t n) {
         if (alive.expired()) return;
-        auto it = workers_.find(id);
-        if (it == workers_.end()) return;
-        Worker& w = *it->second;
+        Worker* found = FindWorker(id);
+        if (found == nullptr) return;
+        Worker& w = *found;
         if (ec) {
           if (!w.partial_line.empty()) OnOutputLine(w, w.partial_line);
           w.partial_line.clear();
@@ -386,23 +392,23 @@ void Supervisor::OnOutputLine(Worker& worker, const std::string& line) {
   std::string text = ValidUtf8(line);
   if (!text.empty() && text.back() == '\r') text.pop_back();
   Status s = logs_.Append(worker.job_id, text);
-  if (!s.ok()) spdlog::warn("{}: {}", JobName(worker.job_id), s.message());
-  spdlog::debug("{}: {}", JobName(worker.job_id), text);
+  if (!s.ok()) spdlog::warn("{}{}", JobLogPrefix(worker.job_id), s.message());
+  spdlog::debug("{}{}", JobLogPrefix(worker.job_id), text);
   worker.last_lines.push_back(std::move(text));
   if (worker.last_lines.size() > kLastLinesKept) worker.last_lines.pop_front();
 }
 
 void Supervisor::ReadEvents(int64_t id) {
-  auto it = workers_.find(id);
-  if (it == workers_.end()) return;
-  Worker& w = *it->second;
+  Worker* found = FindWorker(id);
+  if (found == nullptr) return;
+  Worker& w = *found;
   w.events.async_read_some(
       asio::buffer(w.events_buffer),
       [this, id, alive = std::weak_ptr<char>(alive_)](const boost::system::error_code& ec, size_t n) {
         if (alive.expired()) return;
-        auto it = workers_.find(id);
-        if (it == workers_.end()) return;
-        Worker& w = *it->second;
+        Worker* found = FindWorker(id);
+        if (found == nullptr) return;
+        Worker& w = *found;
         if (ec) {
           w.events_done = true;
           MaybeConclude(id);
@@ -412,7 +418,7 @@ void Supervisor::ReadEvents(int64_t id) {
         while (true) {
           StatusOr<std::optional<std::string>> frame = w.decoder.Next();
           if (!frame.ok()) {
-            spdlog::warn("{}: events from its worker: {}; progress is no longer shown", JobName(id),
+            spdlog::warn("{}events from its worker: {}; progress is no longer shown", JobLogPrefix(id),
                          frame.status().message());
             w.events_done = true;
             boost::system::error_code ignored;
@@ -430,7 +436,7 @@ void Supervisor::ReadEvents(int64_t id) {
 void Supervisor::OnEvent(Worker& worker, const std::string& payload) {
   proto::WorkerEvent event;
   if (!ParseFrame(payload, &event).ok()) {
-    spdlog::warn("{}: an unreadable event from its worker ({} bytes), ignored", JobName(worker.job_id),
+    spdlog::warn("{}an unreadable event from its worker ({} bytes), ignored", JobLogPrefix(worker.job_id),
                  payload.size());
     return;
   }
@@ -463,14 +469,14 @@ void Supervisor::OnEvent(Worker& worker, const std::string& payload) {
       return;
   }
   Status s = jobs_.UpdateProgress(id, progress);
-  if (!s.ok()) spdlog::warn("{}: {}", JobName(id), s.message());
+  if (!s.ok()) spdlog::warn("{}{}", JobLogPrefix(id), s.message());
   Changed(/*progress_only=*/true);
 }
 
 Status Supervisor::Cancel(int64_t id, const std::string& reason) {
-  auto it = workers_.find(id);
-  if (it == workers_.end()) return Status::Error(JobName(id) + " has no running worker");
-  Worker& w = *it->second;
+  Worker* found = FindWorker(id);
+  if (found == nullptr) return Status::Error(JobName(id) + " has no running worker");
+  Worker& w = *found;
   if (w.stop != Worker::Stop::kCancel) {
     w.stop = Worker::Stop::kCancel;
     w.stop_reason = reason;
@@ -487,13 +493,13 @@ void Supervisor::StopWorker(Worker& worker) {
   worker.kill_timer.async_wait(
       [this, id = worker.job_id, alive = std::weak_ptr<char>(alive_)](const boost::system::error_code& ec) {
         if (ec || alive.expired()) return;
-        auto it = workers_.find(id);
-        if (it == workers_.end() || it->second->exited) return;
-        spdlog::warn("{}: its worker did not stop within {} s of SIGTERM; sending SIGKILL", JobName(id),
+        Worker* w = FindWorker(id);
+        if (w == nullptr || w->exited) return;
+        spdlog::warn("{}its worker did not stop within {} s of SIGTERM; sending SIGKILL", JobLogPrefix(id),
                      config_.stop_grace_seconds);
         Note(id, "the worker did not stop within " + std::to_string(config_.stop_grace_seconds) +
                      " s (stop_grace_seconds); killed with SIGKILL");
-        ::kill(-it->second->pid, SIGKILL);
+        ::kill(-w->pid, SIGKILL);
       });
 }
 
@@ -520,7 +526,7 @@ void Supervisor::FinishShutdown() {
 }
 
 void Supervisor::MaybeConclude(int64_t id) {
-  auto it = workers_.find(id);
+  auto it = workers_.find(id);  // the iterator, not FindWorker: the worker leaves the map here
   if (it == workers_.end()) return;
   Worker& w = *it->second;
   if (w.concluded || !w.exited || !w.output_done || !w.events_done) return;
@@ -586,19 +592,19 @@ void Supervisor::Conclude(Worker& w) {
   if (state == JobState::kFailed) summary += ": " + reason.substr(0, reason.find('\n'));
   Note(id, summary);
   if (state == JobState::kFailed) {
-    spdlog::warn("{}: {}", JobName(id), summary);
+    spdlog::warn("{}{}", JobLogPrefix(id), summary);
   } else {
-    spdlog::info("{}: {}", JobName(id), summary);
+    spdlog::info("{}{}", JobLogPrefix(id), summary);
   }
   // The summary is the log's last line: Finish ends the followers' streams.
   Status s = jobs_.Finish(id, state, result, reason, now_unix_ms_());
-  if (!s.ok()) spdlog::error("{}: recording its end: {}", JobName(id), s.message());
+  if (!s.ok()) spdlog::error("{}recording its end: {}", JobLogPrefix(id), s.message());
   logs_.Close(id);
 }
 
 void Supervisor::Note(int64_t id, const std::string& text) {
   Status s = logs_.Append(id, "[trainerd] " + text);
-  if (!s.ok()) spdlog::warn("{}: {}", JobName(id), s.message());
+  if (!s.ok()) spdlog::warn("{}{}", JobLogPrefix(id), s.message());
 }
 
 void Supervisor::Changed(bool progress_only) {

@@ -94,6 +94,8 @@ class Supervisor {
   struct Worker;
   struct DeviceQuery;
 
+  // The running worker of job `id`, or nullptr (it has been concluded).
+  Worker* FindWorker(int64_t id);
   void SetDevices(std::vector<std::string> devices);
   void DiscoverDevices();
   void ReadDeviceQuery();
