@@ -253,9 +253,6 @@ class Daemon {
       watchdog_timer_.cancel();
       signals_.cancel();
       server_->Stop();
-      // Everything is settled (jobs recorded, sockets closed): end the loop
-      // once the close handlers just queued have run, whatever else waits.
-      asio::post(io_, [this] { io_.stop(); });
     });
   }
 

@@ -210,7 +210,9 @@ void Supervisor::WaitForSignal() {
   child_signal_.async_wait([this, alive = std::weak_ptr<char>(alive_)](const boost::system::error_code& ec, int) {
     if (ec || alive.expired()) return;
     OnChildSignal();
-    WaitForSignal();
+    // The last worker's end may have finished the shutdown (FinishShutdown,
+    // from inside OnChildSignal): then nothing is left to reap or to wait for.
+    if (!shutdown_finished_) WaitForSignal();
   });
 }
 
@@ -519,6 +521,7 @@ void Supervisor::Shutdown(std::function<void()> done) {
 
 void Supervisor::FinishShutdown() {
   if (!shutdown_done_) return;
+  shutdown_finished_ = true;
   child_signal_.cancel();  // nothing left to reap: let the io_context run out of work
   auto callback = std::move(shutdown_done_);
   shutdown_done_ = nullptr;

@@ -126,6 +126,7 @@ class Supervisor {
   std::unique_ptr<DeviceQuery> device_query_;
   bool started_ = false;
   bool stopping_ = false;
+  bool shutdown_finished_ = false;  // every worker has ended after Shutdown: no more SIGCHLD waits
   std::function<void()> shutdown_done_;
   std::function<void(bool)> on_change_;
   std::shared_ptr<char> alive_ = std::make_shared<char>();
