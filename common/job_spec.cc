@@ -175,7 +175,14 @@ const std::vector<Field>& Fields() {
       {"training.max_steps",
        [](const Value& v, JobSpec* s) { return SetInt(v, 0, &s->training.max_steps); }},
       {"training.micro_batch_size",
-       [](const Value& v, JobSpec* s) { return SetInt(v, 1, &s->training.micro_batch_size); }},
+       [](const Value& v, JobSpec* s) {
+         s->training.micro_batch_size_auto = v.node().IsScalar() && v.text() == "auto";
+         if (s->training.micro_batch_size_auto) return Status::Ok();
+         if (!v.node().IsScalar() || v.Int().ok() == false) return v.Expected("an integer >= 1 or auto");
+         return SetInt(v, 1, &s->training.micro_batch_size);
+       }},
+      {"training.gradient_checkpointing",
+       [](const Value& v, JobSpec* s) { return SetBool(v, &s->training.gradient_checkpointing); }},
       {"training.gradient_accumulation_steps",
        [](const Value& v, JobSpec* s) {
          return SetInt(v, 1, &s->training.gradient_accumulation_steps);
@@ -240,6 +247,8 @@ const std::map<std::string, std::string>& ForeignNames() {
       {"lr", "training.learning_rate"},
       {"batch_size", "training.micro_batch_size"},
       {"per_device_train_batch_size", "training.micro_batch_size"},
+      {"auto_find_batch_size", "training.micro_batch_size"},
+      {"activation_checkpointing", "training.gradient_checkpointing"},
       {"num_train_epochs", "training.epochs"},
       {"gradient_accumulation", "training.gradient_accumulation_steps"},
       {"grad_accum", "training.gradient_accumulation_steps"},

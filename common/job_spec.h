@@ -91,7 +91,13 @@ struct JobSpec {
   struct Training {
     double epochs = 1;             // > 0; fractional epochs allowed
     int64_t max_steps = 0;         // optimizer steps; 0 = derive from epochs, else overrides epochs
-    int64_t micro_batch_size = 1;  // >= 1
+    int64_t micro_batch_size = 1;  // >= 1; with micro_batch_size_auto, what the worker chose
+    // `micro_batch_size: auto`: the worker picks the largest micro-batch that
+    // fits the GPU's memory (engine/micro_batch_probe.h) before the first step.
+    bool micro_batch_size_auto = false;
+    // Recompute each decoder layer's activations in the backward pass instead
+    // of keeping them (engine/activation_checkpoint.h): less memory, ~1/3 more work.
+    bool gradient_checkpointing = false;
     int64_t gradient_accumulation_steps = 1;      // >= 1
     double learning_rate = 2e-4;                  // > 0; peak, after warmup
     std::string lr_scheduler = "linear";          // constant | linear | cosine

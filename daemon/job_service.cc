@@ -118,7 +118,10 @@ std::string SpecToJson(const JobSpec& spec) {
                {"packing", spec.data.packing}};
   j["training"] = {{"epochs", spec.training.epochs},
                    {"max_steps", spec.training.max_steps},
-                   {"micro_batch_size", spec.training.micro_batch_size},
+                   {"micro_batch_size", spec.training.micro_batch_size_auto
+                                            ? nlohmann::ordered_json("auto")
+                                            : nlohmann::ordered_json(spec.training.micro_batch_size)},
+                   {"gradient_checkpointing", spec.training.gradient_checkpointing},
                    {"gradient_accumulation_steps", spec.training.gradient_accumulation_steps},
                    {"learning_rate", spec.training.learning_rate},
                    {"lr_scheduler", spec.training.lr_scheduler},

@@ -2,7 +2,19 @@
 
 #include <algorithm>
 
+#include "engine/linear_cross_entropy.h"
+
 namespace trainerd::engine {
+namespace {
+
+// A CPU tensor on `device`: through pinned memory and a non-blocking copy on
+// CUDA (a copy from pageable memory would wait for the stream's queued work).
+torch::Tensor ToDevice(const torch::Tensor& t, const torch::Device& device) {
+  if (!device.is_cuda()) return t.to(device);
+  return t.pin_memory().to(device, /*non_blocking=*/true);
+}
+
+}  // namespace
 
 Batch MakeBatch(const std::vector<const TokenExample*>& examples, const torch::Device& device) {
   size_t width = 0;
@@ -31,10 +43,19 @@ Batch MakeBatch(const std::vector<const TokenExample*>& examples, const torch::D
     }
     batch.input_tokens += static_cast<int64_t>(ex.input_ids.size());
     batch.target_tokens += ex.target_tokens();
+    double run = 0;  // length of the current example (a run of positions from 0)
+    for (size_t t = 0; t < ex.input_ids.size(); ++t) {
+      if (t > 0 && !ex.position_ids.empty() && ex.position_ids[t] == 0) {
+        batch.sum_squared_lengths += run * run;
+        run = 0;
+      }
+      ++run;
+    }
+    batch.sum_squared_lengths += run * run;
   }
-  batch.input_ids = ids.to(device);
-  batch.labels = labels.to(device);
-  if (packed) batch.position_ids = positions.to(device);
+  batch.input_ids = ToDevice(ids, device);
+  batch.labels = ToDevice(labels, device);
+  if (packed) batch.position_ids = ToDevice(positions, device);
   if (packed && device.is_cuda()) batch.segments = PackedSegmentsFromPositions(positions, device);
   return batch;
 }
@@ -42,11 +63,10 @@ Batch MakeBatch(const std::vector<const TokenExample*>& examples, const torch::D
 torch::Tensor CausalLmLossSum(const LlamaModel& model, const Batch& batch) {
   const int64_t t = batch.input_ids.size(1);
   torch::Tensor hidden = model.Hidden(batch.input_ids, batch.position_ids, batch.segments);  // (B, T, H)
-  torch::Tensor logits = model.Logits(hidden.narrow(1, 0, t - 1)).to(torch::kFloat32);  // (B, T-1, V)
-  torch::Tensor targets = batch.labels.narrow(1, 1, t - 1).reshape({-1});
-  return torch::nn::functional::cross_entropy(
-      logits.reshape({-1, logits.size(-1)}), targets,
-      torch::nn::functional::CrossEntropyFuncOptions().ignore_index(kIgnoreIndex).reduction(torch::kSum));
+  // Position t scores labels[t + 1]; the last position of a row scores nothing.
+  torch::Tensor targets = torch::constant_pad_nd(batch.labels.narrow(1, 1, t - 1), {0, 1}, kIgnoreIndex);
+  return LinearCrossEntropySum(hidden.reshape({-1, hidden.size(-1)}), model.lm_head(), targets.reshape({-1}),
+                               kIgnoreIndex);
 }
 
 }  // namespace trainerd::engine

@@ -20,10 +20,15 @@ struct Batch {
   PackedSegments segments;
   int64_t input_tokens = 0;   // non-padding tokens
   int64_t target_tokens = 0;  // positions 1..T-1 with a label
+  // Sum over the batch's sequences (packed examples count one by one) of their
+  // length squared: the attention term of the step's FLOPs (engine/flops.h).
+  double sum_squared_lengths = 0;
 };
 
 // Pads the examples to the longest one. Padding sits after each row's real
-// tokens, so causal attention keeps it from influencing them.
+// tokens, so causal attention keeps it from influencing them. On CUDA the
+// tensors travel through pinned memory with asynchronous copies: building a
+// batch never waits for the GPU to finish the work already queued.
 Batch MakeBatch(const std::vector<const TokenExample*>& examples, const torch::Device& device);
 
 // Sum over target positions of -log softmax(logits)[label], computed in

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
@@ -12,6 +13,7 @@
 #include "engine/hf_export.h"
 #include "engine/llama_model.h"
 #include "engine/lora.h"
+#include "engine/micro_batch_probe.h"
 #include "engine/model_config.h"
 #include "engine/packing.h"
 #include "engine/tensor_io.h"
@@ -160,6 +162,27 @@ StatusOr<RunResult> RunEval(const JobSpec& spec, const Placement& place, Reporte
   return result;
 }
 
+// micro_batch_size: auto. A resumed run keeps the size its checkpoint was
+// written with (the resume checks it); a fresh one probes the device.
+StatusOr<int64_t> ResolveAutoMicroBatch(const JobSpec& spec, const RunOptions& options, LlamaModel& model,
+                                        const TokenDataset& train, const NamedTensors& trainable, Reporter& reporter) {
+  if (options.resume) {
+    if (auto latest = FindLatestCheckpoint((fs::path(spec.output.dir) / "checkpoints").string())) {
+      std::ifstream in((fs::path(*latest) / "state.json").string());
+      const nlohmann::json meta = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+      if (!meta.is_discarded() && meta.contains("job") && meta["job"].contains("training.micro_batch_size") &&
+          meta["job"]["training.micro_batch_size"].is_number_integer()) {
+        const int64_t size = meta["job"]["training.micro_batch_size"].get<int64_t>();
+        reporter.OnMessage("training.micro_batch_size: auto: " + std::to_string(size) + ", as in " + *latest);
+        return size;
+      }
+    }
+  }
+  TRAINERD_ASSIGN_OR_RETURN(MicroBatchChoice choice, FindMicroBatchSize(model, train, trainable));
+  reporter.OnMessage("training.micro_batch_size: auto chose " + choice.explanation);
+  return choice.micro_batch_size;
+}
+
 StatusOr<RunResult> RunFinetune(const JobSpec& spec, const RunOptions& options, const Placement& place,
                                 Reporter& reporter) {
   TRAINERD_ASSIGN_OR_RETURN(LoadedModel m, LoadModel(spec, place));
@@ -187,7 +210,13 @@ StatusOr<RunResult> RunFinetune(const JobSpec& spec, const RunOptions& options, 
     trainable = m.model->NamedWeights();
     for (auto& [_, t] : trainable) t.set_requires_grad(true);
   }
-  Trainer trainer(spec, *m.model, trainable, train, eval ? &*eval : nullptr, reporter);
+  m.model->set_gradient_checkpointing(spec.training.gradient_checkpointing);
+  JobSpec run_spec = spec;  // with micro_batch_size resolved when it is auto
+  if (spec.training.micro_batch_size_auto) {
+    TRAINERD_ASSIGN_OR_RETURN(run_spec.training.micro_batch_size,
+                              ResolveAutoMicroBatch(spec, options, *m.model, train, trainable, reporter));
+  }
+  Trainer trainer(run_spec, *m.model, trainable, train, eval ? &*eval : nullptr, reporter);
 
   RunInfo info;
   info.device = DeviceName(place.device);

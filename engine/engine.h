@@ -43,6 +43,10 @@ struct ProgressEvent {
   double grad_norm = 0;     // global L2 norm before clipping, last step
   int64_t tokens = 0;       // non-padding input tokens trained so far (cumulative)
   double tokens_per_s = 0;  // non-padding tokens per second since the last event
+  // Model FLOPs utilisation since the last event: engine/flops.h's FLOPs over
+  // the time and the GPU's datasheet bf16 peak; 0 on the CPU, in float32, or
+  // on a GPU the table does not know.
+  double mfu = 0;
   double elapsed_s = 0;
   double eta_s = 0;
   int64_t peak_memory_bytes = 0;  // most GPU memory allocated so far (CUDA caching allocator); 0 on the CPU

@@ -10,17 +10,29 @@
 
 #include <torch/version.h>
 
+#include "engine/activation_checkpoint.h"
+#include "engine/fused_ops.h"
+
 namespace trainerd::engine {
 
 torch::Tensor Linear::Forward(const torch::Tensor& x, bool training) const {
-  torch::Tensor y = torch::nn::functional::linear(x, weight, bias.defined() ? bias : torch::Tensor());
-  if (!lora) return y;
-  // PEFT: the input is cast to the adapter's dtype (float32), the update added,
-  // and the sum cast back to the base layer's dtype.
-  torch::Tensor h = x.to(lora->a.scalar_type());
-  if (lora->dropout > 0) h = torch::dropout(h, lora->dropout, training);
-  torch::Tensor update = torch::matmul(torch::matmul(h, lora->a.t()), lora->b.t()) * lora->scaling;
-  return (y + update).to(y.scalar_type());
+  // Flattened to (N, in) so that every product is one GEMM and the LoRA update
+  // is added in the second GEMM's epilogue (addmm) rather than by extra passes
+  // over the (N, out) output.
+  const int64_t in = x.size(-1);
+  std::vector<int64_t> out_shape = x.sizes().vec();
+  out_shape.back() = weight.size(0);
+  const torch::Tensor x2 = x.reshape({-1, in});
+  torch::Tensor y = bias.defined() ? torch::addmm(bias, x2, weight.t()) : torch::mm(x2, weight.t());
+  if (lora) {
+    // The float32 adapter (PEFT's master copy) is applied in the model dtype:
+    // its casts are (r, in) and (out, r), not the (N, in) activations that
+    // PEFT casts to float32. In float32 models this is PEFT's arithmetic.
+    const torch::Tensor a = lora->a.to(x.scalar_type()), b = lora->b.to(x.scalar_type());
+    const torch::Tensor h = lora->dropout > 0 ? torch::dropout(x2, lora->dropout, training) : x2;
+    y = torch::addmm(y, torch::mm(h, a.t()), b.t(), /*beta=*/1, /*alpha=*/lora->scaling);
+  }
+  return y.view(out_shape);
 }
 
 Linear* DecoderLayer::Module(const std::string& short_name) {
@@ -35,10 +47,7 @@ Linear* DecoderLayer::Module(const std::string& short_name) {
 }
 
 torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
-  torch::Tensor h = x.to(torch::kFloat32);
-  torch::Tensor variance = h.pow(2).mean(-1, /*keepdim=*/true);
-  h = h * torch::rsqrt(variance + eps);
-  return weight * h.to(x.scalar_type());
+  return PlainRmsNorm(x, weight, eps);
 }
 
 torch::Tensor RopeInverseFrequencies(const ModelConfig& config) {
@@ -113,7 +122,9 @@ PackedSegments PackedSegmentsFromPositions(const torch::Tensor& position_ids, co
   if (!cu.empty()) max_len = std::max(max_len, total - cu.back());
   cu.push_back(static_cast<int32_t>(total));
   PackedSegments s;
-  s.cu_seqlens = torch::from_blob(cu.data(), {static_cast<int64_t>(cu.size())}, torch::kInt32).clone().to(device);
+  torch::Tensor host = torch::from_blob(cu.data(), {static_cast<int64_t>(cu.size())}, torch::kInt32).clone();
+  // Pinned and asynchronous on CUDA: no wait for the stream's queued work.
+  s.cu_seqlens = device.is_cuda() ? host.pin_memory().to(device, /*non_blocking=*/true) : host.to(device);
   s.max_len = max_len;
   return s;
 }
@@ -208,29 +219,77 @@ torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k, co
 #endif
 }
 
-torch::Tensor LlamaModel::Attention(const DecoderLayer& layer, const torch::Tensor& x, const torch::Tensor& cos,
-                                    const torch::Tensor& sin, const torch::Tensor& mask,
-                                    const PackedSegments& segments) const {
+// Row-aligned segments for an unpacked (B, T) batch: one segment per row (a
+// row's trailing padding sits after its real tokens, so causal attention keeps
+// it from them). Built on the device: no host synchronisation.
+PackedSegments RowSegments(int64_t b, int64_t t, const torch::Device& device) {
+  PackedSegments s;
+  s.cu_seqlens = torch::arange(0, (b + 1) * t, t, torch::TensorOptions().dtype(torch::kInt32).device(device));
+  s.max_len = t;
+  return s;
+}
+
+LlamaModel::AttentionInputs LlamaModel::PrepareAttention(int64_t b, int64_t t, const torch::Tensor& position_ids,
+                                                         const PackedSegments& segments) const {
+  AttentionInputs in;
+  const auto float_on_device = torch::TensorOptions().dtype(torch::kFloat32).device(device());
+  if (UsesVarlenAttention()) {
+    // Heads stay in (N, heads, d) with N = B*T flattened tokens, which is what
+    // the linear layers give and what flash attention takes: no transposes.
+    in.segments = segments.defined()         ? segments
+                  : position_ids.defined()   ? PackedSegmentsFromPositions(position_ids, device())
+                                             : RowSegments(b, t, device());
+    in.positions = position_ids.defined()
+                       ? position_ids.reshape({-1})
+                       : torch::arange(t, torch::TensorOptions().dtype(torch::kInt64).device(device())).repeat({b});
+    if (!FusedKernelsBuilt()) {
+      torch::Tensor freqs = in.positions.to(torch::kFloat32).unsqueeze(-1) * inv_freq_;  // (N, d/2)
+      torch::Tensor emb = torch::cat({freqs, freqs}, -1);
+      in.cos = emb.cos().to(dtype()).unsqueeze(1);  // (N, 1, d)
+      in.sin = emb.sin().to(dtype()).unsqueeze(1);
+    }
+    return in;
+  }
+  // Dense path (CPU, float32 CUDA, LibTorch 1.13): cos/sin (B or 1, 1, T, d)
+  // in float32 cast to the model dtype as transformers does; packed rows get a
+  // (B, 1, T, T) mask, and SDPA runs its math or memory-efficient kernel.
+  torch::Tensor freqs;
+  if (position_ids.defined()) {
+    freqs = position_ids.to(torch::kFloat32).unsqueeze(-1) * inv_freq_;  // (B, T, d/2)
+    in.mask = PackedAttentionMask(position_ids);
+  } else {
+    freqs = torch::outer(torch::arange(t, float_on_device), inv_freq_).unsqueeze(0);  // (1, T, d/2)
+  }
+  torch::Tensor emb = torch::cat({freqs, freqs}, -1);
+  in.cos = emb.cos().to(dtype()).unsqueeze(1);
+  in.sin = emb.sin().to(dtype()).unsqueeze(1);
+  return in;
+}
+
+torch::Tensor LlamaModel::Attention(const DecoderLayer& layer, const torch::Tensor& x,
+                                    const AttentionInputs& in) const {
   const int64_t b = x.size(0), t = x.size(1), d = config_.head_dim;
   const int64_t nh = config_.num_attention_heads, nkv = config_.num_key_value_heads;
-  if (segments.defined()) {
-    // Variable-length path: heads stay in (B, T, heads, d), which flattens to
-    // the kernel's (B*T, heads, d) without a copy; cos/sin are (B, T, 1, d).
-    torch::Tensor q = layer.q_proj.Forward(x, training_).view({b, t, nh, d});
-    torch::Tensor k = layer.k_proj.Forward(x, training_).view({b, t, nkv, d});
-    torch::Tensor v = layer.v_proj.Forward(x, training_).view({b, t, nkv, d});
-    q = q * cos + RotateHalf(q) * sin;
-    k = k * cos + RotateHalf(k) * sin;
-    torch::Tensor o = VarlenCausalAttention(q.reshape({b * t, nh, d}), k.reshape({b * t, nkv, d}),
-                                            v.reshape({b * t, nkv, d}), segments);  // (B*T, nh, d)
-    return layer.o_proj.Forward(o.reshape({b, t, nh * d}), training_);
+  if (in.segments.defined()) {
+    torch::Tensor q = layer.q_proj.Forward(x, training_).view({b * t, nh, d});
+    torch::Tensor k = layer.k_proj.Forward(x, training_).view({b * t, nkv, d});
+    torch::Tensor v = layer.v_proj.Forward(x, training_).view({b * t, nkv, d});
+    if (in.cos.defined()) {
+      q = q * in.cos + RotateHalf(q) * in.sin;
+      k = k * in.cos + RotateHalf(k) * in.sin;
+    } else {
+      q = FusedRope(q, in.positions, inv_freq_);
+      k = FusedRope(k, in.positions, inv_freq_);
+    }
+    torch::Tensor o = VarlenCausalAttention(q, k, v, in.segments);  // (B*T, nh, d)
+    return layer.o_proj.Forward(o.view({b, t, nh * d}), training_);
   }
   torch::Tensor q = layer.q_proj.Forward(x, training_).view({b, t, nh, d}).transpose(1, 2);
   torch::Tensor k = layer.k_proj.Forward(x, training_).view({b, t, nkv, d}).transpose(1, 2);
   torch::Tensor v = layer.v_proj.Forward(x, training_).view({b, t, nkv, d}).transpose(1, 2);
-  q = q * cos + RotateHalf(q) * sin;
-  k = k * cos + RotateHalf(k) * sin;
-  torch::Tensor o = CausalAttention(q, k, v, mask);  // (B, nh, T, d)
+  q = q * in.cos + RotateHalf(q) * in.sin;
+  k = k * in.cos + RotateHalf(k) * in.sin;
+  torch::Tensor o = CausalAttention(q, k, v, in.mask);  // (B, nh, T, d)
   o = o.transpose(1, 2).reshape({b, t, nh * d});
   return layer.o_proj.Forward(o, training_);
 }
@@ -239,44 +298,25 @@ bool LlamaModel::UsesVarlenAttention() const {
   return engine::UsesVarlenAttention(device(), dtype(), config_.head_dim);
 }
 
+torch::Tensor LlamaModel::LayerForward(size_t index, const torch::Tensor& h, const AttentionInputs& in) const {
+  const DecoderLayer& layer = layers_[index];
+  const double eps = config_.rms_norm_eps;
+  torch::Tensor r = h + Attention(layer, FusedRmsNorm(h, layer.input_norm, eps), in);
+  torch::Tensor x = FusedRmsNorm(r, layer.post_attention_norm, eps);
+  return r + layer.down_proj.Forward(
+                 FusedSwiGlu(layer.gate_proj.Forward(x, training_), layer.up_proj.Forward(x, training_)), training_);
+}
+
 torch::Tensor LlamaModel::Hidden(const torch::Tensor& input_ids, const torch::Tensor& position_ids,
                                  const PackedSegments& segments) const {
-  const int64_t t = input_ids.size(1);
+  const int64_t b = input_ids.size(0), t = input_ids.size(1);
   torch::Tensor h = torch::embedding(embed_tokens_, input_ids);  // (B, T, H)
-  // cos/sin: (B or 1, 1, T, d) in float32, cast to the model dtype as transformers does.
-  torch::Tensor cos, sin, mask;
-  PackedSegments varlen;  // defined: packed attention as variable-length flash attention
-  if (position_ids.defined()) {
-    torch::Tensor freqs = position_ids.to(torch::kFloat32).unsqueeze(-1) * inv_freq_;  // (B, T, d/2)
-    torch::Tensor emb = torch::cat({freqs, freqs}, -1);
-    cos = emb.cos().to(dtype()).unsqueeze(1);
-    sin = emb.sin().to(dtype()).unsqueeze(1);
-    if (UsesVarlenAttention()) {
-      // Segments once per forward, for every layer: no O(T^2) mask, and flash
-      // attention skips the blocks across examples.
-      varlen = segments.defined() ? segments : PackedSegmentsFromPositions(position_ids, device());
-      cos = cos.transpose(1, 2);  // (B, T, 1, d)
-      sin = sin.transpose(1, 2);
-    } else {
-      // CPU, fp32 CUDA (flash has no fp32) and LibTorch 1.13 (no varlen entry
-      // point): a dense mask; SDPA then runs its math or memory-efficient kernel.
-      mask = PackedAttentionMask(position_ids);
-    }
-  } else {
-    torch::Tensor positions = torch::arange(t, torch::TensorOptions().dtype(torch::kFloat32).device(device()));
-    torch::Tensor freqs = torch::outer(positions, inv_freq_);  // (T, d/2)
-    torch::Tensor emb = torch::cat({freqs, freqs}, -1);
-    cos = emb.cos().to(dtype()).view({1, 1, t, -1});
-    sin = emb.sin().to(dtype()).view({1, 1, t, -1});
+  const AttentionInputs in = PrepareAttention(b, t, position_ids, segments);
+  const bool recompute = gradient_checkpointing_ && training_ && torch::GradMode::is_enabled();
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    h = recompute ? CheckpointedLayer(*this, i, h, in) : LayerForward(i, h, in);
   }
-  const double eps = config_.rms_norm_eps;
-  for (const DecoderLayer& layer : layers_) {
-    h = h + Attention(layer, RmsNorm(h, layer.input_norm, eps), cos, sin, mask, varlen);
-    torch::Tensor x = RmsNorm(h, layer.post_attention_norm, eps);
-    torch::Tensor gated = torch::silu(layer.gate_proj.Forward(x, training_)) * layer.up_proj.Forward(x, training_);
-    h = h + layer.down_proj.Forward(gated, training_);
-  }
-  return RmsNorm(h, norm_, eps);
+  return FusedRmsNorm(h, norm_, config_.rms_norm_eps);
 }
 
 torch::Tensor LlamaModel::Logits(const torch::Tensor& hidden) const {

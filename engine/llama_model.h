@@ -10,9 +10,15 @@
 // restart at 0 at every example: rotary positions follow them and attention
 // stays inside each example (a position attends to earlier positions of the
 // same run of positions), so a packed example computes exactly what it would
-// alone. How: on CUDA in bf16/fp16 with LibTorch 2.x, variable-length flash
-// attention over the segments (PackedSegments, UsesVarlenAttention); else a
-// dense (B, 1, T, T) mask (PackedAttentionMask).
+// alone. How: on CUDA in bf16/fp16 with LibTorch 2.x, every batch (packed or
+// not) runs variable-length flash attention over its segments
+// (PackedSegments, UsesVarlenAttention), grouped heads without copies; else
+// SDPA, with a dense (B, 1, T, T) mask for packed rows (PackedAttentionMask).
+//
+// Speed (issue 5, bench/speed): RMSNorm, rotary and SwiGLU run as fused CUDA
+// kernels where built (engine/fused_ops.h), LoRA updates are added in a GEMM
+// epilogue (Linear::Forward), and the loss never materialises the full
+// float32 logits (engine/linear_cross_entropy.h).
 #pragma once
 
 #include <map>
@@ -72,6 +78,10 @@ struct PackedSegments {
 // segments there and passes them along.
 PackedSegments PackedSegmentsFromPositions(const torch::Tensor& position_ids, const torch::Device& device);
 
+// One segment per row of an unpacked (B, T) batch, built on `device` without
+// a host synchronisation.
+PackedSegments RowSegments(int64_t b, int64_t t, const torch::Device& device);
+
 // Whether packed attention runs as variable-length flash attention
 // (VarlenCausalAttention) rather than with a dense mask. Needs LibTorch 2.x
 // (at::_flash_attention_forward), a CUDA device on which flash attention runs
@@ -113,6 +123,29 @@ class LlamaModel {
   void set_training(bool training) { training_ = training; }
   bool training() const { return training_; }
 
+  // Activation checkpointing: when on (and training with gradients), each
+  // decoder layer keeps only its input for the backward pass and runs its
+  // forward again there (engine/activation_checkpoint.h).
+  void set_gradient_checkpointing(bool on) { gradient_checkpointing_ = on; }
+  bool gradient_checkpointing() const { return gradient_checkpointing_; }
+
+  // What every layer's attention needs, prepared once per forward pass.
+  struct AttentionInputs {
+    // Defined: variable-length flash attention over these segments, heads in
+    // (N, heads, d) with N = B*T; `positions` (N) int64 are the rotary positions.
+    PackedSegments segments;
+    torch::Tensor positions;
+    // Rotary tables in the model dtype, (N, 1, d) on the variable-length path
+    // (undefined there when the fused rotary kernel applies them) or
+    // (B or 1, 1, T, d) on the dense path.
+    torch::Tensor cos, sin;
+    torch::Tensor mask;  // dense path, packed rows: (B, 1, T, T) bool
+  };
+  AttentionInputs PrepareAttention(int64_t b, int64_t t, const torch::Tensor& position_ids,
+                                   const PackedSegments& segments) const;
+  // Decoder layer `index` on h (B, T, H) -> (B, T, H).
+  torch::Tensor LayerForward(size_t index, const torch::Tensor& h, const AttentionInputs& in) const;
+
   std::vector<DecoderLayer>& layers() { return layers_; }
   const std::vector<DecoderLayer>& layers() const { return layers_; }
 
@@ -124,10 +157,7 @@ class LlamaModel {
 
  private:
   explicit LlamaModel(ModelConfig config) : config_(std::move(config)) {}
-  // segments: defined for the variable-length path; then cos/sin are (B, T, 1, d).
-  torch::Tensor Attention(const DecoderLayer& layer, const torch::Tensor& x, const torch::Tensor& cos,
-                          const torch::Tensor& sin, const torch::Tensor& mask,
-                          const PackedSegments& segments) const;
+  torch::Tensor Attention(const DecoderLayer& layer, const torch::Tensor& x, const AttentionInputs& in) const;
 
   ModelConfig config_;
   torch::Tensor embed_tokens_;  // (V, H)
@@ -136,9 +166,11 @@ class LlamaModel {
   torch::Tensor lm_head_;   // (V, H); the same tensor as embed_tokens_ when tied
   torch::Tensor inv_freq_;  // (d/2) float32, rope scaling applied
   bool training_ = false;
+  bool gradient_checkpointing_ = false;
 };
 
-// RMSNorm as transformers: normalise in float32, cast back, then scale.
+// RMSNorm as transformers: normalise in float32, cast back, then scale (the
+// plain LibTorch formula; the model runs FusedRmsNorm, engine/fused_ops.h).
 torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
 
 // Rotary inverse frequencies (d/2,) float32 for the config's rope type.

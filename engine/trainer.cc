@@ -1,33 +1,19 @@
 #include "engine/trainer.h"
 
-#ifdef TRAINERD_WITH_C10_CUDA
-#include <c10/cuda/CUDACachingAllocator.h>
-#endif
-
 #include <chrono>
 #include <cmath>
 #include <filesystem>
 
 #include "engine/batch.h"
+#include "engine/device_memory.h"
 #include "engine/durable_files.h"
+#include "engine/flops.h"
 #include "engine/lr_schedule.h"
 
 namespace trainerd::engine {
 namespace fs = std::filesystem;
 
 namespace {
-
-// The most memory the CUDA caching allocator has had allocated on `device`
-// since the process started; 0 on the CPU or without CUDA support.
-int64_t PeakMemoryBytes(const torch::Device& device) {
-#ifdef TRAINERD_WITH_C10_CUDA
-  if (device.is_cuda()) {
-    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
-    return stats.allocated_bytes[0].peak;  // [0]: StatType::AGGREGATE, every pool
-  }
-#endif
-  return 0;
-}
 
 using Clock = std::chrono::steady_clock;
 
@@ -51,24 +37,43 @@ bool DecaysWeight(const std::string& name) {
   return name.find("norm.weight") == std::string::npos && name.find("layernorm") == std::string::npos;
 }
 
+// The global L2 norm of the gradients as a 0-dim float32 tensor, and, when
+// max_norm > 0, the gradients scaled by min(1, max_norm / (norm + 1e-6)) (what
+// torch's clip_grad_norm_ does), all on the device: no host synchronisation.
+torch::Tensor GradientNorm(const std::vector<torch::Tensor>& params, double max_norm) {
+  std::vector<torch::Tensor> grads;
+  for (const auto& p : params) {
+    if (p.grad().defined()) grads.push_back(p.grad());
+  }
+  if (grads.empty()) return torch::zeros({}, torch::kFloat32);
+  std::vector<torch::Tensor> norms = at::_foreach_norm(grads, 2);
+  for (auto& n : norms) n = n.to(torch::kFloat32);
+  torch::Tensor total = torch::stack(norms).norm();
+  if (max_norm > 0) {
+    torch::Tensor coef = (max_norm / (total + 1e-6)).clamp_max(1.0);
+    for (auto& g : grads) g.mul_(coef.to(g.scalar_type()));
+  }
+  return total;
+}
+
 }  // namespace
 
 EvalResult Evaluate(LlamaModel& model, const TokenDataset& data, int64_t batch_size) {
   torch::NoGradGuard no_grad;
   const bool was_training = model.training();
   model.set_training(false);
-  double sum = 0;
+  torch::Tensor sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat32).device(model.device()));
   EvalResult result;
   const auto& examples = data.examples;
   for (size_t start = 0; start < examples.size(); start += batch_size) {
     std::vector<const TokenExample*> chunk;
     for (size_t i = start; i < std::min(examples.size(), start + batch_size); ++i) chunk.push_back(&examples[i]);
     Batch batch = MakeBatch(chunk, model.device());
-    sum += CausalLmLossSum(model, batch).item<double>();
+    sum.add_(CausalLmLossSum(model, batch));  // read once at the end: no sync per batch
     result.tokens += batch.target_tokens;
   }
   model.set_training(was_training);
-  result.loss = result.tokens > 0 ? sum / static_cast<double>(result.tokens) : 0.0;
+  result.loss = result.tokens > 0 ? sum.item<double>() / static_cast<double>(result.tokens) : 0.0;
   return result;
 }
 
@@ -96,6 +101,46 @@ Trainer::Trainer(const JobSpec& spec, LlamaModel& model, NamedTensors trainable,
   if (!decay.empty()) groups.emplace_back(decay, options(t.weight_decay));
   if (!no_decay.empty()) groups.emplace_back(no_decay, options(0.0));
   optimizer_ = std::make_unique<torch::optim::AdamW>(std::move(groups), torch::optim::AdamWOptions(t.learning_rate));
+  full_finetune_ = !spec_.adapter.has_value();
+  // MFU against the bf16 tensor-core peak only where the job computes in a
+  // 16-bit type (a float32 job's ceiling is another one).
+  if (model_.dtype() == torch::kBFloat16 || model_.dtype() == torch::kFloat16) {
+    peak_flops_ = PeakBf16Flops(DeviceModelName(model_.device()));
+  }
+}
+
+Status Trainer::Resolve(PendingStep& p, Window& w, int64_t first_step, Clock::time_point start, RunResult& result,
+                        bool stopping) {
+  const std::vector<double> values = p.scalars.Wait();  // {loss sum, gradient norm}
+  const double loss = values[0] / static_cast<double>(p.targets);
+  if (!std::isfinite(loss)) {
+    return Status::Error("step " + std::to_string(p.step) + ": the loss is " + (std::isnan(loss) ? "NaN" : "infinite") +
+                         "; training stopped and no adapter or model was written. Lower training.learning_rate, "
+                         "set training.max_grad_norm, or use model.dtype float32/bfloat16 instead of float16");
+  }
+  result.final_loss = loss;
+  w.loss_sum += values[0];
+  w.targets += p.targets;
+  w.tokens += p.tokens;
+  w.flops += p.flops;
+  if (p.step % spec_.training.log_every != 0 && p.step != total_steps_ && !stopping) return Status::Ok();
+  ProgressEvent e;
+  e.step = p.step;
+  e.total_steps = total_steps_;
+  e.epoch = static_cast<double>(p.cursor) / static_cast<double>(train_.examples.size());
+  e.loss = w.loss_sum / static_cast<double>(w.targets);
+  e.lr = p.lr;
+  e.grad_norm = values[1];
+  e.tokens = p.tokens_seen;
+  const double window_s = Seconds(w.start);
+  e.tokens_per_s = window_s > 0 ? static_cast<double>(w.tokens) / window_s : 0;
+  e.mfu = peak_flops_ > 0 && window_s > 0 ? w.flops / window_s / peak_flops_ : 0;
+  e.elapsed_s = Seconds(start);
+  e.eta_s = e.elapsed_s / static_cast<double>(p.step - first_step) * static_cast<double>(total_steps_ - p.step);
+  e.peak_memory_bytes = PeakMemoryBytes(model_.device());
+  reporter_.OnProgress(e);
+  w = Window{Clock::now()};
+  return Status::Ok();
 }
 
 nlohmann::json Trainer::JobFingerprint() const {
@@ -167,80 +212,70 @@ StatusOr<RunResult> Trainer::Run(const RunOptions& options) {
   }
   const LrSchedule schedule = ParseLrSchedule(t.lr_scheduler);
   const int64_t first_step = state.step;
+  // Peak memory is the training's: loading the model does not count.
+  ResetPeakMemory(model_.device());
   const auto start = Clock::now();
-  auto window_start = start;
-  double window_loss = 0;
-  int64_t window_targets = 0, window_tokens = 0;
+  Window window{start};
   model_.set_training(true);
+  FusedAdamW adamw(*optimizer_);
+  std::vector<torch::Tensor> params;
+  for (const auto& [_, p] : trainable_) params.push_back(p);
+  const auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(model_.device());
+  // The step whose loss and gradient norm are still on the device: read while
+  // the next step's forward and backward run, so the host never waits for an
+  // idle GPU (no synchronisation inside a step).
+  PendingStep pending;
 
   for (int64_t step = first_step; step < total_steps_; ++step) {
     std::vector<Batch> micro;
     int64_t targets = 0, tokens = 0;
+    double squared_lengths = 0;
     for (int64_t a = 0; a < t.gradient_accumulation_steps; ++a) {
       std::vector<const TokenExample*> chunk;
       for (int64_t i = 0; i < t.micro_batch_size; ++i) chunk.push_back(&ExampleAt(state.cursor++));
       micro.push_back(MakeBatch(chunk, model_.device()));
       targets += micro.back().target_tokens;
       tokens += micro.back().input_tokens;
+      squared_lengths += micro.back().sum_squared_lengths;
     }
     optimizer_->zero_grad();
-    double loss_sum = 0;
+    torch::Tensor loss_sum = torch::zeros({}, f32);
     for (const Batch& batch : micro) {
       torch::Tensor loss = CausalLmLossSum(model_, batch);
       (loss / static_cast<double>(targets)).backward();
-      loss_sum += loss.item<double>();
+      loss_sum.add_(loss.detach());
     }
-    const double loss = loss_sum / static_cast<double>(targets);
-    if (!std::isfinite(loss)) {
-      return Status::Error("step " + std::to_string(step + 1) + ": the loss is " + (std::isnan(loss) ? "NaN" : "infinite") +
-                           "; training stopped and no adapter or model was written. Lower training.learning_rate, "
-                           "set training.max_grad_norm, or use model.dtype float32/bfloat16 instead of float16");
-    }
-    std::vector<torch::Tensor> params;
-    for (const auto& [_, p] : trainable_) params.push_back(p);
-    double grad_norm;
-    if (t.max_grad_norm > 0) {
-      grad_norm = torch::nn::utils::clip_grad_norm_(params, t.max_grad_norm);
-    } else {
-      torch::Tensor sq = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat32).device(model_.device()));
-      for (const auto& p : params) if (p.grad().defined()) sq = sq + p.grad().to(torch::kFloat32).pow(2).sum();
-      grad_norm = sq.sqrt().item<double>();
-    }
+    if (pending.step > 0) TRAINERD_RETURN_IF_ERROR(Resolve(pending, window, first_step, start, result, false));
+    torch::Tensor grad_norm = GradientNorm(params, t.max_grad_norm);
     const double lr = t.learning_rate * LrMultiplier(schedule, step, t.warmup_steps, total_steps_);
     for (auto& group : optimizer_->param_groups()) {
       static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
     }
-    optimizer_->step();
+    adamw.Step(model_.device());
     state.step = step + 1;
     state.tokens_seen += tokens;
     result.steps = state.step;
-    result.final_loss = loss;
-    window_loss += loss_sum;
-    window_targets += targets;
-    window_tokens += tokens;
+    pending = PendingStep{};
+    pending.step = state.step;
+    pending.scalars.Start({loss_sum, grad_norm.to(loss_sum.device())});
+    pending.targets = targets;
+    pending.tokens = tokens;
+    pending.flops = TrainingStepFlops(model_.config(), full_finetune_, static_cast<double>(tokens), squared_lengths);
+    pending.lr = lr;
+    pending.cursor = state.cursor;
+    pending.tokens_seen = state.tokens_seen;
 
     const bool last = state.step == total_steps_;
     bool stopping = options.stop && options.stop->load();
-    if (state.step % t.log_every == 0 || last || stopping) {
-      ProgressEvent e;
-      e.step = state.step;
-      e.total_steps = total_steps_;
-      e.epoch = static_cast<double>(state.cursor) / static_cast<double>(train_.examples.size());
-      e.loss = window_loss / static_cast<double>(window_targets);
-      e.lr = lr;
-      e.grad_norm = grad_norm;
-      e.tokens = state.tokens_seen;
-      const double window_s = Seconds(window_start);
-      e.tokens_per_s = window_s > 0 ? window_tokens / window_s : 0;
-      e.elapsed_s = Seconds(start);
-      e.eta_s = e.elapsed_s / static_cast<double>(state.step - first_step) * static_cast<double>(total_steps_ - state.step);
-      e.peak_memory_bytes = PeakMemoryBytes(model_.device());
-      reporter_.OnProgress(e);
-      window_start = Clock::now();
-      window_loss = 0;
-      window_targets = window_tokens = 0;
+    const bool eval_due = eval_ && ((t.eval_every > 0 && state.step % t.eval_every == 0) || last);
+    const bool periodic = t.checkpoint_every > 0 && state.step % t.checkpoint_every == 0;
+    if (last || stopping || eval_due || periodic) {
+      // Everything below reads or writes what this step made: settle it first
+      // (a NaN loss must stop the run before a checkpoint keeps it).
+      TRAINERD_RETURN_IF_ERROR(Resolve(pending, window, first_step, start, result, stopping));
+      pending = PendingStep{};
     }
-    if (eval_ && ((t.eval_every > 0 && state.step % t.eval_every == 0) || last)) {
+    if (eval_due) {
       EvalResult r = Evaluate(model_, *eval_, t.micro_batch_size);
       model_.set_training(true);
       result.eval_loss = r.loss;
@@ -249,7 +284,6 @@ StatusOr<RunResult> Trainer::Run(const RunOptions& options) {
     }
     // A stop raised while this step was being reported also ends the run here.
     stopping = stopping || (options.stop && options.stop->load());
-    const bool periodic = t.checkpoint_every > 0 && state.step % t.checkpoint_every == 0;
     if ((periodic && !last) || (stopping && !last)) TRAINERD_RETURN_IF_ERROR(Checkpoint(state, result));
     if (stopping && !last) {
       result.stopped = true;

@@ -10,6 +10,7 @@
 // their target-token count, and that is what is differentiated.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
@@ -19,7 +20,9 @@
 #include "common/job_spec.h"
 #include "engine/checkpoint.h"
 #include "engine/engine.h"
+#include "engine/fused_adamw.h"
 #include "engine/llama_model.h"
+#include "engine/step_readback.h"
 #include "engine/token_dataset.h"
 
 namespace trainerd::engine {
@@ -53,8 +56,29 @@ class Trainer {
   nlohmann::json JobFingerprint() const;
 
  private:
+  using Clock = std::chrono::steady_clock;
+  // A step queued on the device whose loss and gradient norm are read later.
+  struct PendingStep {
+    int64_t step = 0;  // 1-based; 0: none
+    StepReadback scalars;  // loss sum, gradient norm
+    int64_t targets = 0, tokens = 0;
+    double flops = 0;  // engine/flops.h
+    double lr = 0;
+    int64_t cursor = 0, tokens_seen = 0;  // after the step
+  };
+  // The steps since the last progress event.
+  struct Window {
+    Clock::time_point start;
+    double loss_sum = 0, flops = 0;
+    int64_t targets = 0, tokens = 0;
+  };
+
   const TokenExample& ExampleAt(int64_t cursor);
   Status Checkpoint(const CheckpointState& state, RunResult& result);
+  // Reads a pending step's figures (waiting for it to finish on the device),
+  // fails on a non-finite loss, and reports progress when the step is due.
+  Status Resolve(PendingStep& pending, Window& window, int64_t first_step, Clock::time_point start,
+                 RunResult& result, bool stopping);
 
   const JobSpec& spec_;
   LlamaModel& model_;
@@ -64,6 +88,8 @@ class Trainer {
   Reporter& reporter_;
   std::unique_ptr<torch::optim::AdamW> optimizer_;
   int64_t total_steps_ = 0;
+  bool full_finetune_ = false;  // base weights trained: 6N FLOPs per token, not 4N
+  double peak_flops_ = 0;       // the GPU's bf16 peak (engine/flops.h); 0: no MFU
   int64_t order_epoch_ = -1;
   std::vector<int64_t> order_;  // permutation of the current epoch
 };

@@ -28,6 +28,10 @@ std::string FormatProgress(const engine::ProgressEvent& e) {
                 FormatCount(e.tokens_per_s).c_str(), FormatDuration(e.elapsed_s).c_str(),
                 FormatDuration(e.eta_s).c_str());
   std::string line = buf;
+  if (e.mfu > 0) {  // a GPU whose peak is known, 16-bit training
+    std::snprintf(buf, sizeof(buf), " | MFU %.1f%%", e.mfu * 100);
+    line += buf;
+  }
   if (e.peak_memory_bytes > 0) {  // on a GPU
     std::snprintf(buf, sizeof(buf), " | peak %.1f GiB", static_cast<double>(e.peak_memory_bytes) / (1 << 30));
     line += buf;

@@ -55,7 +55,7 @@ void EventReporter::OnProgress(const engine::ProgressEvent& e) {
   progress->set_learning_rate(e.lr);
   progress->set_grad_norm(e.grad_norm);
   progress->set_tokens_per_second(e.tokens_per_s);
-  progress->set_mfu(0);                // not measured by the engine yet
+  progress->set_mfu(e.mfu);
   progress->set_peak_memory_bytes(e.peak_memory_bytes);
   progress->set_elapsed_seconds(e.elapsed_s);
   progress->set_eta_seconds(e.eta_s);

@@ -46,7 +46,7 @@ void MetricsLog::WriteLine(const std::string& line) {
 
 void MetricsLog::Append(const engine::ProgressEvent& e) {
   WriteLine(nlohmann::json{{"step", e.step}, {"loss", e.loss}, {"lr", e.lr}, {"grad_norm", e.grad_norm},
-                           {"tokens", e.tokens}, {"tokens_per_s", e.tokens_per_s}, {"epoch", e.epoch},
+                           {"tokens", e.tokens}, {"tokens_per_s", e.tokens_per_s}, {"mfu", e.mfu}, {"epoch", e.epoch},
                            {"elapsed_s", e.elapsed_s}, {"peak_memory_bytes", e.peak_memory_bytes}}
                 .dump());
 }

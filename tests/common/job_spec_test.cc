@@ -524,6 +524,21 @@ TEST(JobSpecTest, BoundaryValuesAreAccepted) {
   ASSERT_TRUE(spec.ok()) << spec.status().message();
 }
 
+TEST(JobSpecTest, MicroBatchSizeAutoAndGradientCheckpointing) {
+  const StatusOr<JobSpec> spec =
+      Parse(std::string(kMinimal) + "training: {micro_batch_size: auto, gradient_checkpointing: true}\n");
+  ASSERT_TRUE(spec.ok()) << spec.status().message();
+  EXPECT_TRUE(spec->training.micro_batch_size_auto);
+  EXPECT_TRUE(spec->training.gradient_checkpointing);
+  const StatusOr<JobSpec> fixed = Parse(std::string(kMinimal) + "training: {micro_batch_size: 8}\n");
+  ASSERT_TRUE(fixed.ok()) << fixed.status().message();
+  EXPECT_FALSE(fixed->training.micro_batch_size_auto);
+  EXPECT_FALSE(fixed->training.gradient_checkpointing);
+  EXPECT_EQ(fixed->training.micro_batch_size, 8);
+  ExpectError(std::string(kMinimal) + "training:\n  micro_batch_size: big\n",
+              {"job.yaml:5:", "training.micro_batch_size", "expected an integer >= 1 or auto"});
+}
+
 TEST(JobSpecTest, DuplicateKey) {
   ExpectError(std::string(kMinimal) + "training:\n  seed: 1\n  epochs: 2\n  seed: 2\n",
               {"job.yaml:7:", "duplicate key 'training.seed'", "first set on line 5"});

@@ -553,6 +553,9 @@ TEST(FormatTest, ProgressLine) {
   EXPECT_EQ(line.find("peak"), std::string::npos) << line;  // the CPU: no GPU memory to show
   e.peak_memory_bytes = int64_t{3} << 29;                    // 1.5 GiB
   EXPECT_NE(FormatProgress(e).find(" | peak 1.5 GiB"), std::string::npos) << FormatProgress(e);
+  EXPECT_EQ(line.find("MFU"), std::string::npos) << line;  // unknown peak: no MFU shown
+  e.mfu = 0.4567;
+  EXPECT_NE(FormatProgress(e).find(" | MFU 45.7%"), std::string::npos) << FormatProgress(e);
 }
 
 }  // namespace

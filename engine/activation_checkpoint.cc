@@ -1,0 +1,103 @@
+#include "engine/activation_checkpoint.h"
+
+#include <cstdint>
+#include <mutex>
+
+namespace trainerd::engine {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::tensor_list;
+
+at::Generator DeviceGenerator(const torch::Device& device) {
+  return device.is_cuda() ? at::globalContext().defaultGenerator(device) : at::detail::getDefaultCPUGenerator();
+}
+
+torch::Tensor GeneratorState(at::Generator& gen) {
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return gen.get_state();
+}
+
+void SetGeneratorState(at::Generator& gen, const torch::Tensor& state) {
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(state);
+}
+
+// The attention inputs travel through saved_data (tensors and the segment
+// length) so that nothing outside the autograd graph must outlive the step.
+// Undefined tensors are left out (an IValue holds defined tensors only).
+void SaveTensor(AutogradContext* ctx, const char* key, const torch::Tensor& t) {
+  if (t.defined()) ctx->saved_data[key] = t;
+}
+
+torch::Tensor LoadTensor(AutogradContext* ctx, const char* key) {
+  auto it = ctx->saved_data.find(key);
+  return it == ctx->saved_data.end() ? torch::Tensor() : it->second.toTensor();
+}
+
+void SaveInputs(AutogradContext* ctx, const LlamaModel::AttentionInputs& in) {
+  SaveTensor(ctx, "cu_seqlens", in.segments.cu_seqlens);
+  ctx->saved_data["max_len"] = in.segments.max_len;
+  SaveTensor(ctx, "positions", in.positions);
+  SaveTensor(ctx, "cos", in.cos);
+  SaveTensor(ctx, "sin", in.sin);
+  SaveTensor(ctx, "mask", in.mask);
+}
+
+LlamaModel::AttentionInputs LoadInputs(AutogradContext* ctx) {
+  LlamaModel::AttentionInputs in;
+  in.segments.cu_seqlens = LoadTensor(ctx, "cu_seqlens");
+  in.segments.max_len = ctx->saved_data["max_len"].toInt();
+  in.positions = LoadTensor(ctx, "positions");
+  in.cos = LoadTensor(ctx, "cos");
+  in.sin = LoadTensor(ctx, "sin");
+  in.mask = LoadTensor(ctx, "mask");
+  return in;
+}
+
+class CheckpointedLayerFunction : public torch::autograd::Function<CheckpointedLayerFunction> {
+ public:
+  // `anchor` is a 0-dim tensor that requires grad, so that the output requires
+  // grad even where h does not (the first layer's input, frozen embeddings).
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& h, const torch::Tensor& anchor,
+                               const LlamaModel* model, int64_t index, const LlamaModel::AttentionInputs& in) {
+    at::Generator gen = DeviceGenerator(model->device());
+    ctx->saved_data["rng"] = GeneratorState(gen);
+    ctx->saved_data["model"] = reinterpret_cast<int64_t>(model);
+    ctx->saved_data["index"] = index;
+    ctx->saved_data["h_requires_grad"] = h.requires_grad();
+    SaveInputs(ctx, in);
+    ctx->save_for_backward({h});
+    return model->LayerForward(static_cast<size_t>(index), h, in);
+  }
+
+  static tensor_list backward(AutogradContext* ctx, tensor_list grad_outputs) {
+    const auto* model = reinterpret_cast<const LlamaModel*>(ctx->saved_data["model"].toInt());
+    const auto index = static_cast<size_t>(ctx->saved_data["index"].toInt());
+    const LlamaModel::AttentionInputs in = LoadInputs(ctx);
+    torch::Tensor h = ctx->get_saved_variables()[0].detach();
+    h.requires_grad_(ctx->saved_data["h_requires_grad"].toBool());
+    at::Generator gen = DeviceGenerator(model->device());
+    const torch::Tensor now = GeneratorState(gen);
+    SetGeneratorState(gen, ctx->saved_data["rng"].toTensor());
+    torch::Tensor out;
+    {
+      torch::AutoGradMode enable(true);
+      out = model->LayerForward(index, h, in);
+    }
+    SetGeneratorState(gen, now);
+    torch::autograd::backward({out}, {grad_outputs[0]});
+    return {h.requires_grad() ? h.grad() : torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(),
+            torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+torch::Tensor CheckpointedLayer(const LlamaModel& model, size_t index, const torch::Tensor& h,
+                                const LlamaModel::AttentionInputs& in) {
+  static thread_local torch::Tensor anchor = torch::zeros({}, torch::requires_grad());
+  return CheckpointedLayerFunction::apply(h, anchor, &model, static_cast<int64_t>(index), in);
+}
+
+}  // namespace trainerd::engine

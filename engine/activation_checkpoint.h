@@ -1,0 +1,26 @@
+// Activation checkpointing of one decoder layer: the forward pass runs the
+// layer without recording autograd state and keeps only its input; the
+// backward pass runs the layer again with gradients on and back-propagates
+// through that copy (a reentrant backward). Adapter gradients accumulate into
+// their .grad as usual; the layer input's gradient is returned.
+//
+// Memory: one (B, T, H) tensor per layer instead of every intermediate. Cost:
+// each layer's forward runs twice. Dropout (LoRA dropout) draws the same
+// numbers in the second run: the device generator's state is saved before the
+// first run and restored around the second.
+#pragma once
+
+#include <cstddef>
+
+#include <torch/torch.h>
+
+#include "engine/llama_model.h"
+
+namespace trainerd::engine {
+
+// model.LayerForward(index, h, in), checkpointed. `model` and `in` must stay
+// unchanged until the backward pass has run.
+torch::Tensor CheckpointedLayer(const LlamaModel& model, size_t index, const torch::Tensor& h,
+                                const LlamaModel::AttentionInputs& in);
+
+}  // namespace trainerd::engine

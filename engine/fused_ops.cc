@@ -1,0 +1,219 @@
+#include "engine/fused_ops.h"
+
+#include <optional>
+#include <string>
+
+#ifdef TRAINERD_WITH_CUDA_KERNELS
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "engine/kernels/fused_kernels.h"
+#endif
+
+namespace trainerd::engine {
+
+namespace {
+
+// (x1, x2) -> (-x2, x1) over the last dimension's halves.
+torch::Tensor RotateHalf(const torch::Tensor& x) {
+  const int64_t half = x.size(-1) / 2;
+  return torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+}
+
+}  // namespace
+
+torch::Tensor PlainRmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+  torch::Tensor h = x.to(torch::kFloat32);
+  torch::Tensor variance = h.pow(2).mean(-1, /*keepdim=*/true);
+  h = h * torch::rsqrt(variance + eps);
+  return weight * h.to(x.scalar_type());
+}
+
+torch::Tensor PlainSwiGlu(const torch::Tensor& gate, const torch::Tensor& up) { return torch::silu(gate) * up; }
+
+torch::Tensor PlainRope(const torch::Tensor& x, const torch::Tensor& position_ids, const torch::Tensor& inv_freq) {
+  torch::Tensor freqs = position_ids.to(torch::kFloat32).unsqueeze(-1) * inv_freq.to(torch::kFloat32);  // (tokens, d/2)
+  torch::Tensor emb = torch::cat({freqs, freqs}, -1);                                                     // (tokens, d)
+  torch::Tensor cos = emb.cos().to(x.scalar_type()).unsqueeze(1);  // (tokens, 1, d)
+  torch::Tensor sin = emb.sin().to(x.scalar_type()).unsqueeze(1);
+  return x * cos + RotateHalf(x) * sin;
+}
+
+bool FusedKernelsBuilt() {
+#ifdef TRAINERD_WITH_CUDA_KERNELS
+  return true;
+#else
+  return false;
+#endif
+}
+
+#ifdef TRAINERD_WITH_CUDA_KERNELS
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+std::optional<kernels::DType> KernelDType(torch::ScalarType t) {
+  switch (t) {
+    case torch::kFloat32:
+      return kernels::DType::kFloat32;
+    case torch::kFloat16:
+      return kernels::DType::kFloat16;
+    case torch::kBFloat16:
+      return kernels::DType::kBFloat16;
+    default:
+      return std::nullopt;
+  }
+}
+
+// Whether the kernels take t: a non-empty CUDA tensor of a kernel dtype.
+bool KernelTensor(const torch::Tensor& t) {
+  return t.defined() && t.is_cuda() && t.numel() > 0 && KernelDType(t.scalar_type()).has_value();
+}
+
+kernels::DType DTypeOf(const torch::Tensor& t) { return *KernelDType(t.scalar_type()); }
+
+// The current stream of t's device, as the launchers take it.
+void* StreamOf(const torch::Tensor& t) { return c10::cuda::getCurrentCUDAStream(t.device().index()).stream(); }
+
+void Check(const std::string& error) { TORCH_CHECK(error.empty(), "fused kernel: ", error); }
+
+class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& weight,
+                               double eps) {
+    const c10::cuda::CUDAGuard guard(x.device());
+    const int64_t hidden = x.size(-1);
+    const torch::Tensor x2 = x.contiguous().view({-1, hidden});  // (rows, H)
+    const torch::Tensor w = weight.contiguous();                 // (H)
+    torch::Tensor y = torch::empty(x2.sizes(), x2.options());
+    torch::Tensor rstd = torch::empty({x2.size(0)}, x2.options().dtype(torch::kFloat32));  // (rows)
+    Check(kernels::RmsNormForward(x2.data_ptr(), w.data_ptr(), y.data_ptr(), rstd.data_ptr<float>(), x2.size(0),
+                                  hidden, static_cast<float>(eps), DTypeOf(x), StreamOf(x)));
+    ctx->save_for_backward({x2, w, rstd});
+    return y.view(x.sizes());
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const torch::Tensor& x2 = saved[0];
+    const torch::Tensor& w = saved[1];
+    const torch::Tensor& rstd = saved[2];
+    const c10::cuda::CUDAGuard guard(x2.device());
+    const int64_t rows = x2.size(0), hidden = x2.size(1);
+    const torch::Tensor dy = grads[0].contiguous().view({rows, hidden});
+    torch::Tensor dx = torch::empty(x2.sizes(), x2.options());
+    torch::Tensor dweight, workspace;  // float32 (H) and the kernel's partial sums
+    if (ctx->needs_input_grad(1)) {
+      dweight = torch::empty({hidden}, x2.options().dtype(torch::kFloat32));
+      const int64_t floats = static_cast<int64_t>(kernels::RmsNormBackwardWorkspaceBytes(rows, hidden) / sizeof(float));
+      workspace = torch::empty({floats}, x2.options().dtype(torch::kFloat32));
+    }
+    Check(kernels::RmsNormBackward(dy.data_ptr(), x2.data_ptr(), w.data_ptr(), rstd.data_ptr<float>(),
+                                   dx.data_ptr(), dweight.defined() ? dweight.data_ptr<float>() : nullptr,
+                                   workspace.defined() ? workspace.data_ptr() : nullptr,
+                                   workspace.defined() ? workspace.numel() * sizeof(float) : 0, rows, hidden,
+                                   DTypeOf(x2), StreamOf(x2)));
+    return {dx.view(grads[0].sizes()), dweight.defined() ? dweight.to(w.scalar_type()) : torch::Tensor(),
+            torch::Tensor()};
+  }
+};
+
+class SwiGluFunction : public torch::autograd::Function<SwiGluFunction> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& gate, const torch::Tensor& up) {
+    const c10::cuda::CUDAGuard guard(gate.device());
+    const torch::Tensor g = gate.contiguous(), u = up.contiguous();
+    torch::Tensor out = torch::empty(g.sizes(), g.options());
+    Check(kernels::SwiGluForward(g.data_ptr(), u.data_ptr(), out.data_ptr(), g.numel(), DTypeOf(g), StreamOf(g)));
+    ctx->save_for_backward({g, u});
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const torch::Tensor& g = saved[0];
+    const torch::Tensor& u = saved[1];
+    const c10::cuda::CUDAGuard guard(g.device());
+    const torch::Tensor dout = grads[0].contiguous();
+    torch::Tensor dgate = torch::empty(g.sizes(), g.options()), dup = torch::empty(u.sizes(), u.options());
+    Check(kernels::SwiGluBackward(dout.data_ptr(), g.data_ptr(), u.data_ptr(), dgate.data_ptr(), dup.data_ptr(),
+                                  g.numel(), DTypeOf(g), StreamOf(g)));
+    return {dgate, dup};
+  }
+};
+
+// Whether the RoPE kernel reads x (tokens, heads, d) in place: elements and
+// heads dense, tokens apart by at least a token's heads * d values. Strides
+// of size-1 dimensions do not matter (contiguous() leaves them arbitrary).
+bool RopeReadsInPlace(const torch::Tensor& x) {
+  const int64_t tokens = x.size(0), heads = x.size(1), d = x.size(2);
+  return x.stride(2) == 1 && (heads == 1 || x.stride(1) == d) && (tokens == 1 || x.stride(0) >= heads * d);
+}
+
+// x rotated by the positions' angles (inverse: the transposed rotation), as
+// a new contiguous (tokens, heads, d) tensor.
+torch::Tensor Rotate(const torch::Tensor& x_in, const torch::Tensor& position_ids, const torch::Tensor& inv_freq,
+                     bool inverse) {
+  const torch::Tensor x = RopeReadsInPlace(x_in) ? x_in : x_in.contiguous();
+  const int64_t tokens = x.size(0), heads = x.size(1), d = x.size(2);
+  const int64_t token_stride = tokens == 1 ? heads * d : x.stride(0);
+  torch::Tensor out = torch::empty({tokens, heads, d}, x.options());
+  Check(kernels::RopeForward(x.data_ptr(), token_stride, position_ids.data_ptr<int64_t>(), inv_freq.data_ptr<float>(),
+                             out.data_ptr(), tokens, heads, d, inverse, DTypeOf(x), StreamOf(x)));
+  return out;
+}
+
+class RopeFunction : public torch::autograd::Function<RopeFunction> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& position_ids,
+                               const torch::Tensor& inv_freq) {
+    const c10::cuda::CUDAGuard guard(x.device());
+    const torch::Tensor pos = position_ids.to(torch::kInt64).contiguous();  // (tokens)
+    const torch::Tensor inv = inv_freq.to(torch::kFloat32).contiguous();    // (d/2)
+    ctx->save_for_backward({pos, inv});
+    return Rotate(x, pos, inv, /*inverse=*/false);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const c10::cuda::CUDAGuard guard(grads[0].device());
+    return {Rotate(grads[0], saved[0], saved[1], /*inverse=*/true), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+}  // namespace
+#endif  // TRAINERD_WITH_CUDA_KERNELS
+
+torch::Tensor FusedRmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+#ifdef TRAINERD_WITH_CUDA_KERNELS
+  if (KernelTensor(x) && weight.defined() && weight.dim() == 1 && weight.size(0) == x.size(-1) &&
+      weight.scalar_type() == x.scalar_type() && weight.device() == x.device()) {
+    return RmsNormFunction::apply(x, weight, eps);
+  }
+#endif
+  return PlainRmsNorm(x, weight, eps);
+}
+
+torch::Tensor FusedSwiGlu(const torch::Tensor& gate, const torch::Tensor& up) {
+#ifdef TRAINERD_WITH_CUDA_KERNELS
+  if (KernelTensor(gate) && up.defined() && up.sizes() == gate.sizes() && up.scalar_type() == gate.scalar_type() &&
+      up.device() == gate.device()) {
+    return SwiGluFunction::apply(gate, up);
+  }
+#endif
+  return PlainSwiGlu(gate, up);
+}
+
+torch::Tensor FusedRope(const torch::Tensor& x, const torch::Tensor& position_ids, const torch::Tensor& inv_freq) {
+#ifdef TRAINERD_WITH_CUDA_KERNELS
+  if (KernelTensor(x) && x.dim() == 3 && x.size(2) % 2 == 0 && x.size(2) <= 8192 && position_ids.dim() == 1 &&
+      position_ids.size(0) == x.size(0) && position_ids.device() == x.device() && inv_freq.dim() == 1 &&
+      inv_freq.size(0) == x.size(2) / 2 && inv_freq.device() == x.device()) {
+    return RopeFunction::apply(x, position_ids, inv_freq);
+  }
+#endif
+  return PlainRope(x, position_ids, inv_freq);
+}
+
+}  // namespace trainerd::engine

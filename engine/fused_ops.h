@@ -1,0 +1,49 @@
+// The decoder's memory-bound steps as fused CUDA kernels with their own
+// backward (engine/kernels/fused_kernels.h), and the plain LibTorch formulas
+// they replace.
+//
+// Fused*: on CUDA tensors of float32, float16 or bfloat16, in a build with the
+// kernels (FusedKernelsBuilt()), a torch::autograd::Function that launches the
+// kernels on the current CUDA stream of the tensor's device and saves only
+// what its backward needs. Anywhere else (CPU, other dtypes, a build without
+// the kernels: Debian's CPU LibTorch in CI) they return the Plain* formula,
+// differentiated by ordinary autograd, so the CPU path is bit-for-bit Plain*.
+// Double backward through the kernels is not supported.
+//
+// Plain*: transformers' computations, in the order and dtype roundings it
+// uses; the reference the kernels are tested against.
+#pragma once
+
+#include <torch/torch.h>
+
+namespace trainerd::engine {
+
+// RMSNorm as transformers' LlamaRMSNorm: normalise in float32, round to the
+// input dtype, then multiply by the weight in that dtype.
+// x: (..., H); weight: (H), same dtype as x for the kernel path -> (..., H).
+// The kernel path saves x, weight and the per-row 1/rms (float32); it computes
+// the weight's gradient only when the weight requires one (full fine-tuning).
+torch::Tensor FusedRmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
+torch::Tensor PlainRmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
+
+// silu(gate) * up. gate, up: the same shape (any) and dtype -> that shape.
+// The kernel path saves gate and up and recomputes silu in the backward.
+torch::Tensor FusedSwiGlu(const torch::Tensor& gate, const torch::Tensor& up);
+torch::Tensor PlainSwiGlu(const torch::Tensor& gate, const torch::Tensor& up);
+
+// Rotary embedding, rotate_half convention: x * cos + rotate_half(x) * sin,
+// with cos/sin = cos/sin(float(position) * inv_freq) in float32, rounded to
+// x's dtype, over emb = cat(freqs, freqs).
+// x: (tokens, heads, d), d even; for the kernel path without a copy,
+//    stride(1) == d and stride(2) == 1 with any token stride (a narrow of a
+//    fused q|k|v projection); other layouts are copied first.
+// position_ids: (tokens) int64; inv_freq: (d/2) float32; both on x's device.
+// Returns (tokens, heads, d), contiguous on the kernel path. The kernel path
+// saves position_ids and inv_freq; the backward is the inverse rotation.
+torch::Tensor FusedRope(const torch::Tensor& x, const torch::Tensor& position_ids, const torch::Tensor& inv_freq);
+torch::Tensor PlainRope(const torch::Tensor& x, const torch::Tensor& position_ids, const torch::Tensor& inv_freq);
+
+// Whether this build has the CUDA kernels (TRAINERD_WITH_CUDA_KERNELS).
+bool FusedKernelsBuilt();
+
+}  // namespace trainerd::engine

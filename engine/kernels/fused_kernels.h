@@ -1,0 +1,88 @@
+// Fused CUDA kernels for the Llama decoder's memory-bound steps: RMSNorm,
+// SwiGLU and rotary embeddings (RoPE), forward and backward.
+//
+// Torch-free on purpose: the launchers take raw device pointers, sizes, a
+// dtype and a cudaStream_t passed as `void*`, so this header can be included
+// by nvcc-compiled files and by the LibTorch wrapper (engine/fused_ops.h)
+// alike. Every launcher returns "" on success or a message naming the
+// launcher and the problem (bad arguments, or the CUDA error of the launch,
+// checked with cudaGetLastError after each kernel). Launches are
+// asynchronous on `stream`; errors of the running kernel surface later, at
+// the next synchronising CUDA call.
+//
+// Numerics (all three ops): elements are read in the model dtype, all math is
+// float32, and each output is rounded once to the dtype at the end; the
+// exceptions mirror transformers' rounding points and are named per op.
+//
+// Memory: every pointer is device memory on the current CUDA device.
+// Tensors are dense unless a stride argument says otherwise. Rows of 16-byte
+// aligned pointers whose length is a multiple of 16 bytes take 16-byte
+// vector loads; any other layout takes a scalar path with the same results.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace trainerd::kernels {
+
+enum class DType { kFloat32, kFloat16, kBFloat16 };
+
+// ---- RMSNorm (transformers' LlamaRMSNorm) ----------------------------------
+// y = T(w * T(x * rstd)) with rstd = 1 / sqrt(mean(x^2) + eps) per row:
+// the normalised value is rounded to the dtype before the multiply by the
+// weight, as transformers does (`weight * hidden.to(input_dtype)`).
+//   x:      (rows, hidden) dtype, dense
+//   weight: (hidden) dtype
+//   y:      (rows, hidden) dtype, dense (may not alias x)
+//   rstd:   (rows) float32, saved for the backward
+// One block per row; hidden of any size (the vector path covers up to 16384
+// for 16-bit dtypes, 8192 for float32; larger rows take the scalar path).
+[[nodiscard]] std::string RmsNormForward(const void* x, const void* weight, void* y, float* rstd, int64_t rows,
+                                         int64_t hidden, float eps, DType dtype, void* stream);
+
+// Bytes of float32 scratch RmsNormBackward needs when it computes dweight:
+// one partial row of `hidden` sums per block of the backward grid (at most
+// 512 blocks, fewer for fewer rows). 0 when rows == 0.
+[[nodiscard]] size_t RmsNormBackwardWorkspaceBytes(int64_t rows, int64_t hidden);
+
+// The gradients of RmsNormForward, straight through the dtype roundings:
+//   dx_j = rstd * g_j - rstd^3 / hidden * x_j * sum_i(g_i * x_i),  g = dy * w
+//   dweight = sum over rows of dy * T(x * rstd)
+//   dy, x: (rows, hidden) dtype, dense; weight: (hidden); rstd: (rows) float32
+//   dx:    (rows, hidden) dtype, dense
+//   dweight: (hidden) float32, or nullptr when the weight needs no gradient;
+//            then `workspace` (RmsNormBackwardWorkspaceBytes) must be given.
+//            Summed per block into the workspace, then over blocks in a fixed
+//            order by a second kernel: no atomics, the same bits every run.
+[[nodiscard]] std::string RmsNormBackward(const void* dy, const void* x, const void* weight, const float* rstd,
+                                          void* dx, float* dweight, void* workspace, size_t workspace_bytes,
+                                          int64_t rows, int64_t hidden, DType dtype, void* stream);
+
+// ---- SwiGLU ----------------------------------------------------------------
+// out = silu(gate) * up over n elements; gate, up, out dense, same dtype.
+[[nodiscard]] std::string SwiGluForward(const void* gate, const void* up, void* out, int64_t n, DType dtype,
+                                        void* stream);
+// dgate = dout * up * silu'(gate), dup = dout * silu(gate); silu recomputed
+// from gate (nothing else saved). All dense, n elements.
+[[nodiscard]] std::string SwiGluBackward(const void* dout, const void* gate, const void* up, void* dgate, void* dup,
+                                         int64_t n, DType dtype, void* stream);
+
+// ---- Rotary embedding (rotate_half convention) -----------------------------
+// out = x * cos + rotate_half(x) * sin over each head's d = head_dim values,
+// pairing element i with i + d/2. Per token t and i < d/2:
+//   f = float(position[t]) * inv_freq[i] (float32), c = T(cosf(f)), s = T(sinf(f))
+// (accurate cosf/sinf, rounded to the dtype as transformers rounds its cos/sin
+// tables), then in float32: out_i = x_i*c - x_{i+d/2}*s, out_{i+d/2} = x_{i+d/2}*c + x_i*s.
+// inverse = true applies the transposed rotation (sin negated): the backward.
+//   x:   (tokens, heads, head_dim) dtype; token t, head h, element i at
+//        x + t * token_stride + h * head_dim + i (token_stride in elements,
+//        >= heads * head_dim: a narrow of a fused q|k|v projection works)
+//   position: (tokens) int64; inv_freq: (head_dim / 2) float32
+//   out: (tokens, heads, head_dim) dtype, dense (may not alias x)
+// head_dim must be even and at most 8192.
+[[nodiscard]] std::string RopeForward(const void* x, int64_t token_stride, const int64_t* position,
+                                      const float* inv_freq, void* out, int64_t tokens, int64_t heads,
+                                      int64_t head_dim, bool inverse, DType dtype, void* stream);
+
+}  // namespace trainerd::kernels

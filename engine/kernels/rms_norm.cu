@@ -1,0 +1,377 @@
+// RMSNorm forward and backward (contracts in fused_kernels.h).
+//
+// Layout: one block per row (grid-strided when rows exceed the grid). The
+// vector path keeps the row's 16-byte vectors in registers between the
+// reduction and the write, so x (and dy) are read from memory once: a
+// thread holds kVecs vectors (1, 2 or 4, compile-time, so the arrays stay in
+// registers), blocks have at most 512 threads, which covers rows of up to
+// 2048 vectors (16384 bf16/fp16 values, 8192 float32). Other rows (odd
+// lengths, unaligned pointers, longer rows) take the scalar path, which reads
+// the row twice (the second time mostly from L1/L2).
+//
+// Reductions are warp shuffles then one shared-memory step, in a fixed order,
+// so results do not vary between runs.
+#include <algorithm>
+#include <climits>
+
+#include "engine/kernels/dtype_access.cuh"
+
+namespace trainerd::kernels {
+namespace {
+
+// The shared device helpers (dtype_access.cuh).
+using namespace detail;  // NOLINT(build/namespaces)
+
+constexpr int kMaxVecThreads = 512;  // vector-path blocks: up to 128 registers a thread
+constexpr int kScalarThreads = 512;
+// Blocks of the backward grid when dweight is computed: each block sums its
+// rows' dweight contributions into one partial row (fixed, device-independent,
+// so the summation order, hence the bits, are the same on every GPU).
+constexpr int64_t kMaxWeightGradBlocks = 512;
+
+// Sum of v over the block, returned to every thread. blockDim.x must be a
+// multiple of 32 (every lane takes part in the shuffles). `shared`: 32 floats.
+__device__ __forceinline__ float BlockSum(float v, float* shared) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __syncthreads();  // the previous call's readers are done with `shared`
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  float t = lane < static_cast<int>(blockDim.x / 32) ? shared[lane] : 0.f;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+  return t;
+}
+
+// ---- forward ----
+
+template <typename T, int kVecs>
+__global__ void __launch_bounds__(kMaxVecThreads)
+    RmsNormForwardVec(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y, float* __restrict__ rstd,
+                      int64_t rows, int hidden, float eps) {
+  constexpr int kN = kVecElems<T>;
+  __shared__ float shared[32];
+  const int nvec = hidden / kN;
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const uint4* xr = reinterpret_cast<const uint4*>(x + row * hidden);
+    uint4 xv[kVecs];
+#pragma unroll
+    for (int k = 0; k < kVecs; ++k) {
+      const int v = threadIdx.x + k * blockDim.x;
+      if (v < nvec) xv[k] = LoadVec(xr + v);
+    }
+    float ss = 0.f;
+#pragma unroll
+    for (int k = 0; k < kVecs; ++k) {
+      if (threadIdx.x + k * blockDim.x < nvec) {
+        float f[kN];
+        UnpackFloats<T>(xv[k], f);
+#pragma unroll
+        for (int i = 0; i < kN; ++i) ss += f[i] * f[i];
+      }
+    }
+    const float r = rsqrtf(BlockSum(ss, shared) / static_cast<float>(hidden) + eps);
+    T* yr = y + row * hidden;
+#pragma unroll
+    for (int k = 0; k < kVecs; ++k) {
+      const int v = threadIdx.x + k * blockDim.x;
+      if (v < nvec) {
+        float f[kN], wf[kN];
+        UnpackFloats<T>(xv[k], f);
+        LoadFloats<T, kN>(w + v * kN, wf);
+#pragma unroll
+        for (int i = 0; i < kN; ++i) f[i] = RoundTo<T>(f[i] * r) * wf[i];
+        StoreFloats<T, kN>(yr + v * kN, f);
+      }
+    }
+    if (threadIdx.x == 0) rstd[row] = r;
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kScalarThreads)
+    RmsNormForwardScalar(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y,
+                         float* __restrict__ rstd, int64_t rows, int hidden, float eps) {
+  __shared__ float shared[32];
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const T* xr = x + row * hidden;
+    float ss = 0.f;
+    for (int j = threadIdx.x; j < hidden; j += blockDim.x) {
+      const float f = detail::ToFloat<T>(xr[j]);
+      ss += f * f;
+    }
+    const float r = rsqrtf(BlockSum(ss, shared) / static_cast<float>(hidden) + eps);
+    T* yr = y + row * hidden;
+    for (int j = threadIdx.x; j < hidden; j += blockDim.x) {
+      yr[j] = detail::FromFloat<T>(RoundTo<T>(detail::ToFloat<T>(xr[j]) * r) * detail::ToFloat<T>(w[j]));
+    }
+    if (threadIdx.x == 0) rstd[row] = r;
+  }
+}
+
+// ---- backward ----
+
+// partial: (gridDim.x, hidden) float32, written only when kWeightGrad.
+template <typename T, int kVecs, bool kWeightGrad>
+__global__ void __launch_bounds__(kMaxVecThreads)
+    RmsNormBackwardVec(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ w,
+                       const float* __restrict__ rstd, T* __restrict__ dx, float* __restrict__ partial, int64_t rows,
+                       int hidden) {
+  constexpr int kN = kVecElems<T>;
+  __shared__ float shared[32];
+  const int nvec = hidden / kN;
+  const float inv_hidden = 1.f / static_cast<float>(hidden);
+  uint4 wv[kVecs];  // the weight is the same for every row: loaded once
+#pragma unroll
+  for (int k = 0; k < kVecs; ++k) {
+    const int v = threadIdx.x + k * blockDim.x;
+    if (v < nvec) wv[k] = LoadVec(w + v * kN);
+  }
+  float acc[kWeightGrad ? kVecs * kN : 1];  // this thread's columns of dweight
+#pragma unroll
+  for (int i = 0; i < (kWeightGrad ? kVecs * kN : 1); ++i) acc[i] = 0.f;
+
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const uint4* xr = reinterpret_cast<const uint4*>(x + row * hidden);
+    const uint4* dr = reinterpret_cast<const uint4*>(dy + row * hidden);
+    uint4 xv[kVecs], dv[kVecs];
+#pragma unroll
+    for (int k = 0; k < kVecs; ++k) {
+      const int v = threadIdx.x + k * blockDim.x;
+      if (v < nvec) {
+        xv[k] = LoadVec(xr + v);
+        dv[k] = LoadVec(dr + v);
+      }
+    }
+    const float r = rstd[row];
+    float dot = 0.f;  // sum_i g_i x_i, g = dy * w
+#pragma unroll
+    for (int k = 0; k < kVecs; ++k) {
+      if (threadIdx.x + k * blockDim.x < nvec) {
+        float xf[kN], df[kN], wf[kN];
+        UnpackFloats<T>(xv[k], xf);
+        UnpackFloats<T>(dv[k], df);
+        UnpackFloats<T>(wv[k], wf);
+#pragma unroll
+        for (int i = 0; i < kN; ++i) dot += df[i] * wf[i] * xf[i];
+      }
+    }
+    const float coef = r * r * r * BlockSum(dot, shared) * inv_hidden;
+    T* dxr = dx + row * hidden;
+#pragma unroll
+    for (int k = 0; k < kVecs; ++k) {
+      const int v = threadIdx.x + k * blockDim.x;
+      if (v < nvec) {
+        float xf[kN], df[kN], wf[kN], out[kN];
+        UnpackFloats<T>(xv[k], xf);
+        UnpackFloats<T>(dv[k], df);
+        UnpackFloats<T>(wv[k], wf);
+#pragma unroll
+        for (int i = 0; i < kN; ++i) {
+          out[i] = r * df[i] * wf[i] - coef * xf[i];
+          if constexpr (kWeightGrad) acc[k * kN + i] += df[i] * RoundTo<T>(xf[i] * r);
+        }
+        StoreFloats<T, kN>(dxr + v * kN, out);
+      }
+    }
+  }
+  if constexpr (kWeightGrad) {
+    float* pr = partial + static_cast<int64_t>(blockIdx.x) * hidden;
+#pragma unroll
+    for (int k = 0; k < kVecs; ++k) {
+      const int v = threadIdx.x + k * blockDim.x;
+      if (v < nvec) {
+        float4* p = reinterpret_cast<float4*>(pr + v * kN);  // kN is 4 or 8: whole float4s
+#pragma unroll
+        for (int q = 0; q < kN / 4; ++q) {
+          p[q] = make_float4(acc[k * kN + 4 * q], acc[k * kN + 4 * q + 1], acc[k * kN + 4 * q + 2],
+                             acc[k * kN + 4 * q + 3]);
+        }
+      }
+    }
+  }
+}
+
+template <typename T, bool kWeightGrad>
+__global__ void __launch_bounds__(kScalarThreads)
+    RmsNormBackwardScalar(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ w,
+                          const float* __restrict__ rstd, T* __restrict__ dx, float* __restrict__ partial,
+                          int64_t rows, int hidden) {
+  using detail::FromFloat;
+  using detail::ToFloat;
+  __shared__ float shared[32];
+  const float inv_hidden = 1.f / static_cast<float>(hidden);
+  // Thread t owns columns j = t (mod blockDim.x) of the block's partial row:
+  // it alone reads and writes them, so no barrier is needed around them.
+  float* pr = kWeightGrad ? partial + static_cast<int64_t>(blockIdx.x) * hidden : nullptr;
+  if constexpr (kWeightGrad) {
+    for (int j = threadIdx.x; j < hidden; j += blockDim.x) pr[j] = 0.f;
+  }
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const T* xr = x + row * hidden;
+    const T* dr = dy + row * hidden;
+    const float r = rstd[row];
+    float dot = 0.f;
+    for (int j = threadIdx.x; j < hidden; j += blockDim.x) {
+      dot += ToFloat<T>(dr[j]) * ToFloat<T>(w[j]) * ToFloat<T>(xr[j]);
+    }
+    const float coef = r * r * r * BlockSum(dot, shared) * inv_hidden;
+    T* dxr = dx + row * hidden;
+    for (int j = threadIdx.x; j < hidden; j += blockDim.x) {
+      const float xf = ToFloat<T>(xr[j]), df = ToFloat<T>(dr[j]);
+      dxr[j] = FromFloat<T>(r * df * ToFloat<T>(w[j]) - coef * xf);
+      if constexpr (kWeightGrad) pr[j] += df * RoundTo<T>(xf * r);
+    }
+  }
+}
+
+// dweight[j] = sum over b of partial[b][j], b in increasing order within each
+// of 8 strided lanes, then the 8 lane sums in order: a fixed summation order.
+// Block (32, 8): 32 columns, 8 lanes over the partial rows.
+__global__ void __launch_bounds__(256)
+    SumPartialRows(const float* __restrict__ partial, int blocks, int hidden, float* __restrict__ dweight) {
+  __shared__ float lane_sum[8][33];
+  const int col = blockIdx.x * 32 + threadIdx.x;
+  float s = 0.f;
+  if (col < hidden) {
+#pragma unroll 8
+    for (int b = threadIdx.y; b < blocks; b += 8) s += partial[static_cast<int64_t>(b) * hidden + col];
+  }
+  lane_sum[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y == 0 && col < hidden) {
+    float t = 0.f;
+#pragma unroll
+    for (int l = 0; l < 8; ++l) t += lane_sum[l][threadIdx.x];
+    dweight[col] = t;
+  }
+}
+
+// How a row is split over a block: vecs_per_thread 16-byte vectors a thread
+// (1, 2 or 4), or 0 for the scalar path.
+struct RowPlan {
+  int vecs_per_thread = 0;
+  int threads = 0;
+};
+
+int64_t RoundUp32(int64_t n) { return (n + 31) / 32 * 32; }
+
+RowPlan PlanRow(int64_t hidden, int vec_elems, bool aligned) {
+  if (aligned && hidden % vec_elems == 0) {
+    const int64_t nvec = hidden / vec_elems;
+    for (int k : {1, 2, 4}) {
+      const int64_t threads = RoundUp32((nvec + k - 1) / k);
+      if (threads <= kMaxVecThreads) return {k, static_cast<int>(threads)};
+    }
+  }
+  return {0, static_cast<int>(std::min<int64_t>(kScalarThreads, RoundUp32(hidden)))};
+}
+
+unsigned GridFor(int64_t blocks) { return static_cast<unsigned>(std::min<int64_t>(blocks, INT_MAX)); }
+
+int64_t WeightGradBlocks(int64_t rows) { return std::min(rows, kMaxWeightGradBlocks); }
+
+std::string CheckSizes(const char* what, int64_t rows, int64_t hidden) {
+  if (rows < 0 || hidden <= 0 || hidden > INT_MAX / 2) {
+    return std::string(what) + ": bad sizes rows=" + std::to_string(rows) + " hidden=" + std::to_string(hidden);
+  }
+  return {};
+}
+
+template <typename T, bool kWeightGrad>
+void LaunchBackward(const RowPlan& p, unsigned grid, cudaStream_t s, const T* dy, const T* x, const T* w,
+                    const float* rstd, T* dx, float* partial, int64_t rows, int hidden) {
+  switch (p.vecs_per_thread) {
+    case 1:
+      RmsNormBackwardVec<T, 1, kWeightGrad><<<grid, p.threads, 0, s>>>(dy, x, w, rstd, dx, partial, rows, hidden);
+      break;
+    case 2:
+      RmsNormBackwardVec<T, 2, kWeightGrad><<<grid, p.threads, 0, s>>>(dy, x, w, rstd, dx, partial, rows, hidden);
+      break;
+    case 4:
+      RmsNormBackwardVec<T, 4, kWeightGrad><<<grid, p.threads, 0, s>>>(dy, x, w, rstd, dx, partial, rows, hidden);
+      break;
+    default:
+      RmsNormBackwardScalar<T, kWeightGrad><<<grid, p.threads, 0, s>>>(dy, x, w, rstd, dx, partial, rows, hidden);
+  }
+}
+
+}  // namespace
+
+std::string RmsNormForward(const void* x, const void* weight, void* y, float* rstd, int64_t rows, int64_t hidden,
+                           float eps, DType dtype, void* stream) {
+  if (std::string e = CheckSizes("RmsNormForward", rows, hidden); !e.empty()) return e;
+  if (rows == 0) return {};
+  if (!x || !weight || !y || !rstd) return "RmsNormForward: a null pointer";
+  return DispatchDType(dtype, [&](auto tag) -> std::string {
+    using T = decltype(tag);
+    const T* xp = static_cast<const T*>(x);
+    const T* wp = static_cast<const T*>(weight);
+    T* yp = static_cast<T*>(y);
+    const int h = static_cast<int>(hidden);
+    const RowPlan p = PlanRow(hidden, kVecElems<T>, Aligned16(x) && Aligned16(weight) && Aligned16(y));
+    const unsigned grid = GridFor(rows);
+    const cudaStream_t s = AsStream(stream);
+    switch (p.vecs_per_thread) {
+      case 1:
+        RmsNormForwardVec<T, 1><<<grid, p.threads, 0, s>>>(xp, wp, yp, rstd, rows, h, eps);
+        break;
+      case 2:
+        RmsNormForwardVec<T, 2><<<grid, p.threads, 0, s>>>(xp, wp, yp, rstd, rows, h, eps);
+        break;
+      case 4:
+        RmsNormForwardVec<T, 4><<<grid, p.threads, 0, s>>>(xp, wp, yp, rstd, rows, h, eps);
+        break;
+      default:
+        RmsNormForwardScalar<T><<<grid, p.threads, 0, s>>>(xp, wp, yp, rstd, rows, h, eps);
+    }
+    return LaunchError("RmsNormForward");
+  });
+}
+
+size_t RmsNormBackwardWorkspaceBytes(int64_t rows, int64_t hidden) {
+  if (rows <= 0 || hidden <= 0) return 0;
+  return static_cast<size_t>(WeightGradBlocks(rows)) * static_cast<size_t>(hidden) * sizeof(float);
+}
+
+std::string RmsNormBackward(const void* dy, const void* x, const void* weight, const float* rstd, void* dx,
+                            float* dweight, void* workspace, size_t workspace_bytes, int64_t rows, int64_t hidden,
+                            DType dtype, void* stream) {
+  if (std::string e = CheckSizes("RmsNormBackward", rows, hidden); !e.empty()) return e;
+  const cudaStream_t s = AsStream(stream);
+  if (rows == 0) {
+    if (dweight && cudaMemsetAsync(dweight, 0, hidden * sizeof(float), s) != cudaSuccess) {
+      return LaunchError("RmsNormBackward (zeroing dweight)");
+    }
+    return {};
+  }
+  if (!dy || !x || !weight || !rstd || !dx) return "RmsNormBackward: a null pointer";
+  const size_t needed = RmsNormBackwardWorkspaceBytes(rows, hidden);
+  if (dweight && (!workspace || workspace_bytes < needed || !Aligned16(workspace))) {
+    return "RmsNormBackward: dweight needs a 16-byte aligned workspace of " + std::to_string(needed) +
+           " bytes, got " + std::to_string(workspace_bytes);
+  }
+  return DispatchDType(dtype, [&](auto tag) -> std::string {
+    using T = decltype(tag);
+    const T* dyp = static_cast<const T*>(dy);
+    const T* xp = static_cast<const T*>(x);
+    const T* wp = static_cast<const T*>(weight);
+    T* dxp = static_cast<T*>(dx);
+    const int h = static_cast<int>(hidden);
+    const RowPlan p =
+        PlanRow(hidden, kVecElems<T>, Aligned16(dy) && Aligned16(x) && Aligned16(weight) && Aligned16(dx));
+    if (!dweight) {
+      LaunchBackward<T, false>(p, GridFor(rows), s, dyp, xp, wp, rstd, dxp, nullptr, rows, h);
+      return LaunchError("RmsNormBackward");
+    }
+    const int blocks = static_cast<int>(WeightGradBlocks(rows));
+    float* partial = static_cast<float*>(workspace);
+    LaunchBackward<T, true>(p, blocks, s, dyp, xp, wp, rstd, dxp, partial, rows, h);
+    if (std::string e = LaunchError("RmsNormBackward"); !e.empty()) return e;
+    SumPartialRows<<<GridFor((hidden + 31) / 32), dim3(32, 8), 0, s>>>(partial, blocks, h, dweight);
+    return LaunchError("RmsNormBackward (dweight sum)");
+  });
+}
+
+}  // namespace trainerd::kernels

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Runs the fused kernels' CUDA tests (tests/engine/fused_ops_test, already
+# built) under compute-sanitizer on the GPU machine:
+#   memcheck   out-of-bounds and misaligned accesses, errors of CUDA calls;
+#   racecheck  shared-memory hazards (the RMSNorm block reductions, the
+#              partial-row sum of dweight, RoPE's shared cos/sin table);
+#   synccheck  barriers reached by part of a block.
+# PyTorch's caching allocator is turned off so that every tensor is its own
+# allocation and memcheck sees an access past its end; the tests run their
+# smaller shapes (TRAINERD_FUSED_TEST_QUICK) since the tools slow kernels down
+# by 10-100x. Usage: scripts/gpu-sanitize.sh [build dir, default /tmp/b].
+# Logs go to $OUT (or /tmp/gpu-sanitize); prints one summary line and exits
+# non-zero when a tool reported an error or the binary is missing.
+set -uo pipefail
+b=${1:-/tmp/b}
+bin=$b/tests/engine/fused_ops_test
+out=${OUT:-/tmp/gpu-sanitize}
+mkdir -p "$out"
+cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+if [ ! -x "$bin" ]; then echo "gpu-sanitize: $bin is missing (build fused_ops_test first)"; exit 2; fi
+if [ ! -x "$cs" ]; then echo "gpu-sanitize: compute-sanitizer not found (PATH or /usr/local/cuda/bin)"; exit 2; fi
+
+export PYTORCH_NO_CUDA_MEMORY_CACHING=1 TRAINERD_FUSED_TEST_QUICK=1
+summary="" failed=0
+for tool in memcheck racecheck synccheck; do
+  "$cs" --tool "$tool" --error-exitcode 1 "$bin" --gtest_filter='FusedOpsCudaTest.*' > "$out/$tool.log" 2>&1
+  rc=$?
+  # The tool's own verdict ("ERROR SUMMARY: n errors"; racecheck: "n hazards").
+  verdict=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/$tool.log" | tail -1 | sed 's/^=* *//')
+  # gtest's totals: "[  PASSED  ] 4 tests." -> "4 passed".
+  tests=$(grep -oE '^\[ +(PASSED|FAILED|SKIPPED) +\] [0-9]+ tests?' "$out/$tool.log" |
+    sed -E 's/^\[ +([A-Z]+) +\] ([0-9]+).*/\2 \1/' | tr 'A-Z' 'a-z' | paste -sd, - | sed 's/,/, /g')
+  # A run in which no CUDA test passed (skipped: no kernels built) proves nothing.
+  if [ $rc -ne 0 ] || ! grep -qE '^\[ +PASSED +\] [1-9]' "$out/$tool.log"; then failed=1; fi
+  summary+="$tool rc=$rc (${verdict:-no summary}; tests: ${tests:-none ran}), "
+done
+echo "gpu-sanitize: ${summary%, } -- logs in $out"
+exit $failed

@@ -1,0 +1,228 @@
+// The training loop's faster paths compute what the plain ones do: the
+// chunked linear cross-entropy, activation checkpointing (with dropout), the
+// fused AdamW, the step read-back, the FLOPs count and the micro-batch probe.
+// Runs on TRAINERD_TEST_DEVICE / TRAINERD_TEST_DTYPE (CPU float32 in CI).
+#include <cmath>
+#include <mutex>
+
+#include "engine/activation_checkpoint.h"
+#include "engine/batch.h"
+#include "engine/flops.h"
+#include "engine/fused_adamw.h"
+#include "engine/linear_cross_entropy.h"
+#include "engine/llama_model.h"
+#include "engine/lora.h"
+#include "engine/micro_batch_probe.h"
+#include "engine/model_config.h"
+#include "engine/step_readback.h"
+#include "engine/tensor_io.h"
+#include "tests/engine/test_support.h"
+
+namespace trainerd::testing {
+namespace {
+
+std::unique_ptr<engine::LlamaModel> FixtureModel(double lora_dropout) {
+  auto config = engine::LoadModelConfig(Fixture("llama/model"));
+  EXPECT_TRUE(config.ok());
+  auto weights = engine::LoadModelWeights(Fixture("llama/model"), TorchTestDtype(), TorchTestDevice());
+  EXPECT_TRUE(weights.ok());
+  auto model = engine::LlamaModel::FromWeights(*config, std::move(*weights), "fixture");
+  EXPECT_TRUE(model.ok());
+  engine::LoraSettings s;
+  s.r = 4;
+  s.alpha = 8;
+  s.dropout = lora_dropout;
+  s.target_modules = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+  engine::AttachLora(**model, s);
+  // PEFT starts B at zero; random B makes every adapter's gradient path count.
+  torch::NoGradGuard no_grad;
+  for (auto& [name, t] : engine::LoraNamedParameters(**model)) {
+    if (name.find("lora_B") != std::string::npos) t.normal_(0, 0.05);
+  }
+  return std::move(*model);
+}
+
+// Two rows of different lengths (the shorter right-padded), random ids.
+engine::Batch RandomBatch(const engine::LlamaModel& model, std::vector<engine::TokenExample>& storage) {
+  torch::manual_seed(11);
+  storage.clear();
+  for (int64_t len : {23, 17}) {
+    engine::TokenExample ex;
+    torch::Tensor ids = torch::randint(0, model.config().vocab_size, {len}, torch::kInt64);
+    ex.input_ids.assign(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + len);
+    ex.labels = ex.input_ids;
+    ex.labels[3] = engine::kIgnoreIndex;
+    storage.push_back(ex);
+  }
+  return engine::MakeBatch({&storage[0], &storage[1]}, model.device());
+}
+
+std::vector<torch::Tensor> Gradients(const engine::LlamaModel& model) {
+  std::vector<torch::Tensor> out;
+  for (const auto& [_, t] : engine::LoraNamedParameters(model)) out.push_back(t.grad().detach().clone());
+  return out;
+}
+
+void ZeroGradients(const engine::LlamaModel& model) {
+  for (const auto& [_, t] : engine::LoraNamedParameters(model)) t.mutable_grad() = torch::Tensor();
+}
+
+TEST(LinearCrossEntropy, MatchesPlainCrossEntropyInEveryChunking) {
+  torch::manual_seed(5);
+  auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(TorchTestDevice());
+  const int64_t n = 37, h = 24, v = 101;
+  torch::Tensor hidden0 = torch::randn({n, h}, opts), weight0 = torch::randn({v, h}, opts) * 0.3;
+  torch::Tensor targets = torch::randint(0, v, {n}, torch::TensorOptions().dtype(torch::kInt64).device(opts.device()));
+  targets.index_put_({torch::tensor({0, 5, 36})}, -100);
+
+  torch::Tensor hr = hidden0.clone().requires_grad_(true), wr = weight0.clone().requires_grad_(true);
+  torch::Tensor ref = torch::nn::functional::cross_entropy(
+      torch::mm(hr, wr.t()), targets,
+      torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100).reduction(torch::kSum));
+  (ref * 0.7).backward();
+
+  for (int64_t chunk_elements : {int64_t{1}, v * 5, v * 36, v * 37, v * 1000}) {
+    torch::Tensor hc = hidden0.clone().requires_grad_(true), wc = weight0.clone().requires_grad_(true);
+    torch::Tensor loss = engine::LinearCrossEntropySum(hc, wc, targets, -100, chunk_elements);
+    EXPECT_EQ(loss.scalar_type(), torch::kFloat32);
+    EXPECT_LE(RelativeError(loss, ref), 1e-6) << chunk_elements;
+    (loss * 0.7).backward();
+    EXPECT_LE(RelativeError(hc.grad(), hr.grad()), 1e-5) << chunk_elements;
+    EXPECT_LE(RelativeError(wc.grad(), wr.grad()), 1e-5) << chunk_elements;
+  }
+  // Without gradients (evaluation) it is the same sum and keeps nothing.
+  torch::NoGradGuard no_grad;
+  EXPECT_LE(RelativeError(engine::LinearCrossEntropySum(hidden0, weight0, targets, -100, v * 4), ref), 1e-6);
+}
+
+// Checkpointed layers give the loss and adapter gradients of the plain pass,
+// with LoRA dropout on (the second run must draw the same mask).
+TEST(ActivationCheckpointing, SameLossAndGradientsWithDropout) {
+  for (double dropout : {0.0, 0.3}) {
+    auto model = FixtureModel(dropout);
+    model->set_training(true);
+    std::vector<engine::TokenExample> storage;
+    engine::Batch batch = RandomBatch(*model, storage);
+
+    torch::manual_seed(21);
+    torch::Tensor plain = engine::CausalLmLossSum(*model, batch);
+    plain.backward();
+    std::vector<torch::Tensor> plain_grads = Gradients(*model);
+    ZeroGradients(*model);
+
+    model->set_gradient_checkpointing(true);
+    torch::manual_seed(21);
+    torch::Tensor ckpt = engine::CausalLmLossSum(*model, batch);
+    ckpt.backward();
+    std::vector<torch::Tensor> ckpt_grads = Gradients(*model);
+
+    EXPECT_LE(RelativeError(ckpt, plain), TestTolerances().loss) << "dropout " << dropout;
+    ASSERT_EQ(plain_grads.size(), ckpt_grads.size());
+    for (size_t i = 0; i < plain_grads.size(); ++i) {
+      EXPECT_LE(RelativeError(ckpt_grads[i], plain_grads[i]), TestTolerances().loss * 10)
+          << "dropout " << dropout << " tensor " << i;
+    }
+    // Layer 0's adapters got gradients although the embedding output needs none.
+    EXPECT_GT(ckpt_grads[0].abs().sum().item<double>(), 0);
+  }
+}
+
+// The fused AdamW (CUDA, LibTorch 2.x) and the plain one take the same steps;
+// elsewhere FusedAdamW is the plain step. State stays in the optimizer.
+TEST(FusedAdamW, MatchesThePlainOptimizer) {
+  torch::manual_seed(8);
+  auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(TorchTestDevice());
+  std::vector<torch::Tensor> a = {torch::randn({5, 7}, opts), torch::randn({3}, opts)};
+  std::vector<torch::Tensor> b = {a[0].clone(), a[1].clone()};
+  for (auto& t : a) t.set_requires_grad(true);
+  for (auto& t : b) t.set_requires_grad(true);
+  auto options = torch::optim::AdamWOptions(1e-2).betas(std::make_tuple(0.8, 0.95)).eps(1e-6).weight_decay(0.1);
+  torch::optim::AdamW plain(a, options), fused_base(b, options);
+  engine::FusedAdamW fused(fused_base);
+  for (int step = 0; step < 4; ++step) {
+    torch::Tensor g0 = torch::randn({5, 7}, opts), g1 = torch::randn({3}, opts);
+    a[0].mutable_grad() = g0.clone();
+    a[1].mutable_grad() = g1.clone();
+    b[0].mutable_grad() = g0.clone();
+    b[1].mutable_grad() = g1.clone();
+    if (step == 2) {
+      for (auto& group : plain.param_groups()) static_cast<torch::optim::AdamWOptions&>(group.options()).lr(3e-3);
+      for (auto& group : fused_base.param_groups()) static_cast<torch::optim::AdamWOptions&>(group.options()).lr(3e-3);
+    }
+    plain.step();
+    fused.Step(TorchTestDevice());
+  }
+  EXPECT_LE(RelativeError(b[0], a[0]), 1e-6);
+  EXPECT_LE(RelativeError(b[1], a[1]), 1e-6);
+  // The state a checkpoint saves: step counts and moments.
+  ASSERT_EQ(fused_base.state().size(), 2u);
+  for (const auto& [key, state] : fused_base.state()) {
+    EXPECT_EQ(static_cast<const torch::optim::AdamWParamState&>(*state).step(), 4);
+  }
+}
+
+TEST(StepReadback, ReturnsTheValuesInOrder) {
+  auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(TorchTestDevice());
+  engine::StepReadback r;
+  EXPECT_FALSE(r.started());
+  r.Start({torch::full({}, 2.5, opts), torch::full({}, -1.25, opts)});
+  EXPECT_TRUE(r.started());
+  const std::vector<double> v = r.Wait();
+  ASSERT_EQ(v.size(), 2u);
+  EXPECT_EQ(v[0], 2.5);
+  EXPECT_EQ(v[1], -1.25);
+  EXPECT_FALSE(r.started());
+}
+
+// The FLOPs formula against the Hugging Face baseline script's
+// lora_flops_per_token (bench/speed/hf_peft_baseline.py) for llama3-8b at
+// seq 2048: 4 * 7,504,658,432 + 4 * 32 * 2048 * 4096 per token. The dense
+// count by hand: 32 * (2*4096*4096 + 2*4096*1024 + 3*4096*14336) + 128256*4096.
+TEST(Flops, MatchesTheBaselineFormula) {
+  engine::ModelConfig c;
+  c.hidden_size = 4096;
+  c.intermediate_size = 14336;
+  c.num_hidden_layers = 32;
+  c.num_attention_heads = 32;
+  c.num_key_value_heads = 8;
+  c.head_dim = 128;
+  c.vocab_size = 128256;
+  EXPECT_DOUBLE_EQ(engine::DenseMatmulParams(c), 7504658432.0);
+  const double tokens = 4 * 2048;
+  const double per_token = 4 * 7504658432.0 + 4.0 * 32 * 2048 * 4096;
+  EXPECT_DOUBLE_EQ(engine::TrainingStepFlops(c, false, tokens, 4 * 2048.0 * 2048.0), per_token * tokens);
+  EXPECT_DOUBLE_EQ(engine::TrainingStepFlops(c, true, tokens, 0), 6 * 7504658432.0 * tokens);
+  EXPECT_DOUBLE_EQ(engine::PeakBf16Flops("NVIDIA H100 80GB HBM3"), 989.4e12);
+  EXPECT_DOUBLE_EQ(engine::PeakBf16Flops("NVIDIA H100 PCIe"), 756e12);
+  EXPECT_DOUBLE_EQ(engine::PeakBf16Flops("NVIDIA H200"), 989.4e12);
+  EXPECT_DOUBLE_EQ(engine::PeakBf16Flops("NVIDIA A100-SXM4-80GB"), 312e12);
+  EXPECT_EQ(engine::PeakBf16Flops("cpu"), 0);
+}
+
+// The probe picks 1 on the CPU; on a GPU some size that fits, and either way
+// the random generators are where they were (the run draws the same numbers).
+TEST(MicroBatchProbe, FitsAndLeavesTheGeneratorsAlone) {
+  auto model = FixtureModel(0.1);
+  std::vector<engine::TokenExample> storage;
+  (void)RandomBatch(*model, storage);
+  engine::TokenDataset train;
+  train.examples = storage;
+  engine::NamedTensors trainable = engine::LoraNamedParameters(*model);
+  auto on_device = torch::TensorOptions().device(model->device());
+  torch::manual_seed(3);
+  const torch::Tensor before = torch::rand({4}, on_device);
+  torch::manual_seed(3);
+  auto choice = engine::FindMicroBatchSize(*model, train, trainable);
+  ASSERT_TRUE(choice.ok()) << choice.status().message();
+  EXPECT_TRUE(torch::equal(torch::rand({4}, on_device), before));
+  if (!model->device().is_cuda()) {
+    EXPECT_EQ(choice->micro_batch_size, 1);
+  } else {
+    EXPECT_EQ(choice->micro_batch_size, 2) << choice->explanation;  // the training set's size caps it
+  }
+  EXPECT_FALSE(choice->explanation.empty());
+  for (const auto& [name, t] : trainable) EXPECT_FALSE(t.grad().defined()) << name;
+}
+
+}  // namespace
+}  // namespace trainerd::testing
