@@ -1,0 +1,311 @@
+#!/usr/bin/env bash
+# Training speed: trainerd-worker against Hugging Face PEFT (plain and torch.compile) on identical
+# random weights and token ids, one command on the GPU machine (see bench/speed/README.md). From
+# the repository root, with .devroot carried (../shared/gpu/README.md):
+#
+#   bash bench/speed/run.sh
+#   KEEP=1 bash bench/speed/run.sh      # continue a run cut short, on the same warm machine
+#
+# Environment (all optional):
+#   ROWS="1b 8b 8b-ckpt"                 rows to run (below)
+#   SYSTEMS="trainerd hf hf-compile"     systems to run on each row
+#   WORK_DIR=/tmp/trainerd-speed         model folders, token files, jobs, logs; results in $WORK_DIR/results
+#   KEEP=1                               keep the good results already there, run only what is missing or failed
+#                                        (without it every selected row and system runs again; the results of
+#                                        the others stay in $WORK_DIR/results and in the table)
+#   BUILD_DIR=/tmp/b                     where trainerd-worker is built (skipped if built there from the same sources)
+#   NO_BUILD=1                           use the trainerd-worker in $BUILD_DIR as it is, never build
+#   WARMUP=3 STEPS=10                    untimed and timed steps, the same for every system
+#   BUDGET_S=540                         start no measurement that would likely end after this many seconds
+#   RUN_TIMEOUT_S=0                      kill one measurement after this many seconds (0: never)
+#   TRAINERD_EXTRA_YAML='key: value'     extra training: keys for trainerd on every row (one per line)
+#   TRAINERD_COMMIT=abc123               the commit to report where git cannot tell (a tree copied without .git)
+#   OUT                                  if set: speed.md (the table), results.json (every figure), run.log
+set -uo pipefail
+cd "$(dirname "$0")/../.." || exit 1
+here=bench/speed
+work=${WORK_DIR:-/tmp/trainerd-speed}
+results=$work/results
+build=${BUILD_DIR:-/tmp/b}
+rows=${ROWS:-1b 8b 8b-ckpt}
+systems=${SYSTEMS:-trainerd hf hf-compile}
+warmup=${WARMUP:-3}
+steps=${STEPS:-10}
+keep=${KEEP:-0}
+budget=${BUDGET_S:-0}
+run_timeout=${RUN_TIMEOUT_S:-0}
+extra_all=${TRAINERD_EXTRA_YAML:-}
+out=${OUT:-}
+export PYTHONUNBUFFERED=1
+
+mkdir -p "$work/models" "$work/runs" "$results" || { echo "error: cannot create $work"; exit 1; }
+[ -n "$out" ] && mkdir -p "$out"
+
+say() { echo "[$(date -u +%H:%M:%S) +${SECONDS}s] $*"; }
+fail() { echo "ERROR: $*"; }
+
+# One row of the table: sets shape, mb (micro-batch), seq, ckpt (activation checkpointing) and
+# TRAINERD_EXTRA_YAML (keys added under trainerd's training: section, one "key: value" a line).
+row_def() {
+  TRAINERD_EXTRA_YAML=
+  case $1 in
+    1b) shape=llama3-1b mb=8 seq=2048 ckpt=0 ;;
+    8b) shape=llama3-8b mb=4 seq=2048 ckpt=0 ;;
+    8b-ckpt) shape=llama3-8b mb=8 seq=2048 ckpt=1
+      TRAINERD_EXTRA_YAML='gradient_checkpointing: true' ;;
+    *) return 1 ;;
+  esac
+}
+
+# Rough seconds each part takes on an H200 (for BUDGET_S; measured parts of a first run).
+estimate() {
+  case $1 in
+    save:llama3-1b) echo 40 ;;
+    save:llama3-8b) echo 150 ;;
+    1b:trainerd | 1b:hf) echo 50 ;;
+    1b:hf-compile) echo 200 ;;
+    8b*:trainerd | 8b*:hf) echo 110 ;;
+    8b*:hf-compile) echo 270 ;;
+    *) echo 120 ;;
+  esac
+}
+
+# True if a part estimated at $1 seconds still fits BUDGET_S.
+fits() { [ "$budget" -le 0 ] || [ $((SECONDS + $1)) -le "$budget" ]; }
+
+result_file() { echo "$results/$1.$2.json"; }
+have_result() { python3 "$here/speed_util.py" ok "$(result_file "$1" "$2")"; }
+
+report() {  # the bundle and the table, after every result: what is under $OUT is current if the command is cut
+  python3 "$here/speed_util.py" bundle --results "$results" --out "${out:-$work}/results.json" ||
+    fail "could not bundle the results"
+  OUT=$out python3 "$here/report.py" "$results" > "$work/speed.md" 2> "$work/report.err" ||
+    { fail "report.py failed:"; cat "$work/report.err"; }
+}
+
+for r in $rows; do row_def "$r" || { fail "unknown row '$r' (rows: 1b 8b 8b-ckpt)"; exit 2; }; done
+for s in $systems; do
+  case $s in trainerd | hf | hf-compile) ;; *) fail "unknown system '$s' (systems: trainerd hf hf-compile)"; exit 2 ;; esac
+done
+
+# The run itself (not indented: it holds a here-document); its output also goes to run.log (the end).
+main() {
+# What is left to do, so that a continued run builds and writes only what it needs.
+todo=() need_trainerd=0 need_1b=0 need_8b=0
+for r in $rows; do
+  row_def "$r"
+  for s in $systems; do
+    if [ "$keep" = 1 ] && have_result "$r" "$s"; then
+      say "kept: $r $s ($(result_file "$r" "$s"))"
+      continue
+    fi
+    rm -f "$(result_file "$r" "$s")"
+    todo+=("$r:$s")
+    [ "$s" = trainerd ] && need_trainerd=1
+    case $shape in llama3-1b) need_1b=1 ;; llama3-8b) need_8b=1 ;; esac
+  done
+done
+say "to run: ${todo[*]:-nothing}"
+
+# --- versions -----------------------------------------------------------------------------------
+# shellcheck source=scripts/gpu-env.sh
+. scripts/gpu-env.sh
+if commit=$(git rev-parse --short=12 HEAD 2>/dev/null); then
+  git diff --quiet HEAD 2>/dev/null || commit="$commit+local-changes"
+else
+  commit=${TRAINERD_COMMIT:-unknown}  # the GPU machine gets the tree without .git
+fi
+python3 "$here/speed_util.py" versions --commit "$commit" --out "$results/versions.json" ||
+  fail "could not record the versions"
+
+if [ ${#todo[@]} -eq 0 ]; then
+  say "every result is there; the table:"
+  report
+  cat "$work/speed.md"
+  exit 0
+fi
+
+# --- build ----------------------------------------------------------------------------------------
+# A build is skipped when the worker there was built by this script from the same sources (a stamp
+# of their contents: the tree copied to the GPU machine gets new file times on every call).
+worker=$build/bin/trainerd-worker
+trainerd_ok=1
+cmake_flags=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DTRAINERD_BUILD_TESTS=OFF
+             -DTRAINERD_BUILD_BENCH=OFF "-DCMAKE_PREFIX_PATH=$TORCH_PREFIX;$R/usr")
+src_stamp() {
+  { echo "${cmake_flags[*]}"
+    find CMakeLists.txt common engine proto worker daemon ctl -type f -print0 | sort -z | xargs -0 md5sum
+  } | md5sum | cut -d' ' -f1
+}
+stamp_file=$build/.bench-speed-stamp
+if [ "$need_trainerd" = 1 ]; then
+  if [ "${NO_BUILD:-0}" = 1 ]; then
+    [ -x "$worker" ] || { fail "NO_BUILD=1 but $worker is not there: trainerd rows will fail"; trainerd_ok=0; }
+  elif [ -x "$worker" ] && [ "$(cat "$stamp_file" 2>/dev/null)" = "$(src_stamp)" ]; then
+    say "trainerd-worker in $build was built from these sources: no build"
+  else
+    say "building trainerd-worker (Release, sm_90) in $build (log: $work/build.log)"
+    start=$SECONDS
+    rm -f "$stamp_file"
+    if { cmake -S . -B "$build" "${cmake_flags[@]}" &&
+         cmake --build "$build" -j16 --target trainerd-worker; } > "$work/build.log" 2>&1; then
+      say "built in $((SECONDS - start)) s"
+      src_stamp > "$stamp_file"
+    else
+      grep -E 'error|FAILED' "$work/build.log" | head -20
+      tail -5 "$work/build.log"
+      fail "the build failed (log: $work/build.log): trainerd rows will fail; the references still run"
+      trainerd_ok=0
+    fi
+  fi
+fi
+
+# --- the ceiling, once per run (kept with KEEP=1) ------------------------------------------------------
+if [ "$keep" = 1 ] && [ -f "$results/ceiling.json" ]; then
+  say "kept the matmul ceiling: $(tr -d '\n' < "$results/ceiling.json")"
+else
+  say "measuring the bf16 matmul ceiling and the copy bandwidth"
+  python3 "$here/speed_util.py" ceiling --out "$results/ceiling.json" ||
+    fail "the ceiling measurement failed: MFU will be missing"
+fi
+
+# --- model folders (random weights, HF format), written once per work dir --------------------------
+model_ok() { [ -f "$work/models/$1/config.json" ]; }
+ensure_model() {
+  local s=$1 d=$work/models/$1 start=$SECONDS
+  model_ok "$s" && return 0
+  fits "$(estimate "save:$s")" || { say "skipped writing $s: BUDGET_S"; return 1; }
+  local avail
+  avail=$(df -Pk "$work" | awk 'NR == 2 {print int($4 / 1048576)}')
+  say "writing random weights of $s to $d (${avail:-?} GiB free)"
+  rm -rf "$d.tmp"
+  if python3 "$here/hf_peft_baseline.py" --shape "$s" --save-model "$d.tmp" > "$work/save-$s.log" 2>&1 &&
+     mv "$d.tmp" "$d"; then
+    say "wrote $s in $((SECONDS - start)) s ($(du -sh "$d" | cut -f1))"
+  else
+    tail -5 "$work/save-$s.log"
+    fail "writing the $s folder failed (log: $work/save-$s.log); its rows are skipped"
+    rm -rf "$d.tmp"
+    return 1
+  fi
+}
+[ "$need_1b" = 1 ] && ensure_model llama3-1b
+[ "$need_8b" = 1 ] && ensure_model llama3-8b
+
+# --- the measurements ---------------------------------------------------------------------------
+run_timed() {  # log, command...: runs it under RUN_TIMEOUT_S, sets rc and wall
+  local log=$1 t0
+  shift
+  t0=$(date +%s.%N)
+  if [ "$run_timeout" -gt 0 ]; then
+    timeout --kill-after=20 "$run_timeout" "$@" > "$log" 2>&1
+  else
+    "$@" > "$log" 2>&1
+  fi
+  rc=$?
+  wall=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+}
+
+write_job() {  # job yaml, model dir, tokens file, output dir
+  local extra
+  extra=$(printf '%s\n%s\n' "$TRAINERD_EXTRA_YAML" "$extra_all" | sed '/^[[:space:]]*$/d; s/^/  /')
+  cat > "$1" <<EOF
+# bench/speed/run.sh, row $r: every step trains the same $mb x $seq batch
+task: finetune
+device: cuda
+model:
+  path: "$2"
+  dtype: bfloat16
+adapter:
+  r: 16
+  alpha: 32
+  dropout: 0.0
+  target_modules: all-linear
+data:
+  train: "$3"
+  format: tokens
+  max_seq_len: $seq
+  shuffle: false
+  cache: false
+training:
+  max_steps: $((warmup + steps))
+  micro_batch_size: $mb
+  gradient_accumulation_steps: 1
+  learning_rate: 1.0e-4
+  lr_scheduler: constant
+  warmup_steps: 0
+  weight_decay: 0.01
+  max_grad_norm: 0
+  log_every: 1
+  checkpoint_every: 0
+${extra}
+output:
+  dir: "$4"
+EOF
+}
+
+skipped=() failed=()
+for r in $rows; do
+  row_def "$r"
+  model=$work/models/$shape
+  tokens=$work/tokens-${mb}x${seq}.jsonl
+  [ -f "$tokens" ] || python3 "$here/speed_util.py" tokens --micro-batch "$mb" --seq "$seq" --out "$tokens" ||
+    { fail "could not write $tokens; row $r skipped"; continue; }
+  for s in $systems; do
+    [[ " ${todo[*]} " == *" $r:$s "* ]] || continue
+    if ! model_ok "$shape"; then
+      fail "row $r, $s: no $shape folder; skipped"
+      skipped+=("$r:$s")
+      continue
+    fi
+    if ! fits "$(estimate "$r:$s")"; then
+      say "row $r, $s: skipped, would pass BUDGET_S=$budget (continue with KEEP=1)"
+      skipped+=("$r:$s")
+      continue
+    fi
+    base=$work/runs/$r.$s
+    metrics=
+    say "row $r ($shape, $mb x $seq, checkpointing $ckpt): $s"
+    if [ "$s" = trainerd ]; then
+      if [ "$trainerd_ok" != 1 ]; then
+        echo "no trainerd-worker (the build failed or NO_BUILD=1 without one)" > "$base.log"
+        rc=1 wall=0
+      else
+        rm -rf "$base.out"
+        write_job "$base.yaml" "$model" "$tokens" "$base.out"
+        run_timed "$base.log" "$worker" run "$base.yaml"
+        metrics=$base.out/metrics.jsonl
+      fi
+    else
+      args=(--model-dir "$model" --micro-batch "$mb" --seq "$seq" --tokens "$tokens" --warmup "$warmup" --steps "$steps")
+      [ "$ckpt" = 1 ] && args+=(--grad-ckpt)
+      [ "$s" = hf-compile ] && args+=(--compile)
+      run_timed "$base.log" python3 "$here/hf_peft_baseline.py" "${args[@]}"
+    fi
+    python3 "$here/speed_util.py" result "$s" --row "$r" --shape "$shape" --micro-batch "$mb" --seq "$seq" \
+      --grad-ckpt "$ckpt" --warmup "$warmup" --steps "$steps" --model-dir "$model" ${metrics:+--metrics "$metrics"} \
+      --log "$base.log" --rc "$rc" --wall-s "$wall" --ceiling "$results/ceiling.json" \
+      --versions "$results/versions.json" --out "$(result_file "$r" "$s")" ||
+      { fail "row $r, $s failed (exit status $rc after ${wall} s; log: $base.log); its last lines:"
+        tail -8 "$base.log"; failed+=("$r:$s"); }
+    report
+  done
+done
+
+report
+echo
+cat "$work/speed.md"
+if [ ${#skipped[@]} -gt 0 ]; then
+  echo
+  say "not run this time: ${skipped[*]}; to continue on this warm machine:"
+  echo "  KEEP=1 BUILD_DIR=$build WORK_DIR=$work ROWS=\"$rows\" SYSTEMS=\"$systems\" bash $here/run.sh"
+fi
+[ ${#failed[@]} -gt 0 ] && say "failed: ${failed[*]} (logs in $work/runs)"
+say "done: results in $results${out:+, speed.md results.json run.log in $out}"
+[ ${#skipped[@]} -eq 0 ] && [ ${#failed[@]} -eq 0 ]  # the exit status: 0 when every selected part has a good result
+}
+
+# Exit status: 0 when every selected row and system has a good result, 1 when one failed or was not
+# run, 2 for unknown ROWS/SYSTEMS. Everything also goes to run.log (in $OUT when set: it comes back even from a command cut short).
+main 2>&1 | tee -a "${out:-$work}/run.log"
+exit "${PIPESTATUS[0]}"
