@@ -265,6 +265,7 @@ StatusOr<RunResult> RunFinetune(const JobSpec& spec, const RunOptions& options, 
 
 StatusOr<RunResult> RunJob(const JobSpec& spec, const RunOptions& options, Reporter& reporter) {
   try {
+    TRAINERD_RETURN_IF_ERROR(StepProfiler::Check(options.profile));
     TRAINERD_ASSIGN_OR_RETURN(Placement place, ResolvePlacement(spec));
     torch::manual_seed(spec.training.seed);
     if (spec.task == "eval") return RunEval(spec, place, reporter);

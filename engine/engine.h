@@ -14,6 +14,7 @@
 
 #include "common/job_spec.h"
 #include "common/status.h"
+#include "engine/step_profiler.h"
 
 namespace trainerd::engine {
 
@@ -83,6 +84,8 @@ struct RunOptions {
   // When it becomes true the run finishes the current step, writes a
   // checkpoint and returns with RunResult::stopped set. May be null.
   const std::atomic<bool>* stop = nullptr;
+  // A Chrome trace of some training steps (finetune jobs); no path: none.
+  ProfileRequest profile;
 };
 
 struct RunResult {

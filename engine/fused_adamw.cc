@@ -86,7 +86,9 @@ void FusedAdamW::Step(const torch::Device& device) {
       states.push_back(&s);
     }
     if (params.empty()) continue;
-    // Increments every device step, then updates in place.
+    // The kernel reads the step counts as they are (bias corrections 1 - beta^step): they are
+    // advanced first, on the device, as torch.optim does.
+    at::_foreach_add_(steps, 1);
     at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, o.lr(),
                       std::get<0>(o.betas()), std::get<1>(o.betas()), o.weight_decay(), o.eps(),
                       /*amsgrad=*/false, /*maximize=*/false);

@@ -225,8 +225,10 @@ StatusOr<RunResult> Trainer::Run(const RunOptions& options) {
   // the next step's forward and backward run, so the host never waits for an
   // idle GPU (no synchronisation inside a step).
   PendingStep pending;
+  StepProfiler profiler(options.profile);
 
   for (int64_t step = first_step; step < total_steps_; ++step) {
+    TRAINERD_RETURN_IF_ERROR(profiler.BeforeStep(step - first_step + 1));
     std::vector<Batch> micro;
     int64_t targets = 0, tokens = 0;
     double squared_lengths = 0;
@@ -265,6 +267,7 @@ StatusOr<RunResult> Trainer::Run(const RunOptions& options) {
     pending.cursor = state.cursor;
     pending.tokens_seen = state.tokens_seen;
 
+    TRAINERD_RETURN_IF_ERROR(profiler.AfterStep(step - first_step + 1));
     const bool last = state.step == total_steps_;
     bool stopping = options.stop && options.stop->load();
     const bool eval_due = eval_ && ((t.eval_every > 0 && state.step % t.eval_every == 0) || last);

@@ -60,6 +60,7 @@ void OnStopSignal(int) { g_stop.store(true); }
 const char kUsage[] =
     "usage: trainerd-worker run JOB.yaml [--resume] [--events-fd N] [--base-dir DIR] [--source NAME]\n"
     "                           [--output-dir DIR] [--checkpoint-every N] [--device D]\n"
+    "                           [--profile TRACE.json [--profile-steps FIRST-LAST]]\n"
     "       trainerd-worker devices\n"
     "       trainerd-worker tokenize MODEL_DIR|tokenizer.json [--threads N]\n"
     "       trainerd-worker preview JOB.yaml [-n N]\n"
@@ -73,6 +74,9 @@ const char kUsage[] =
     "    --output-dir DIR  write outputs to DIR when the spec sets no output.dir\n"
     "    --checkpoint-every N  checkpoint every N steps when the spec does not say\n"
     "    --device D   run on D (cpu, cuda, cuda:N) unless the spec asks for cpu\n"
+    "    --profile TRACE.json  write a Chrome trace (ui.perfetto.dev) of training steps\n"
+    "                 FIRST-LAST of this run (--profile-steps, default 3-4): host operators,\n"
+    "                 GPU kernels and copies; bench/speed/trace_summary.py totals it\n"
     "  devices        print the GPUs this worker can use (cuda:0, ...), or cpu when none\n"
     "  tokenize PATH  read JSONL {\"text\": ...} lines on stdin, write {\"ids\": [...]} lines\n"
     "                 on stdout, special tokens added as the tokenizer's post-processor says\n"
@@ -149,6 +153,7 @@ struct RunArgs {
   std::string output_dir;   // empty: the spec must set output.dir
   std::optional<int64_t> checkpoint_every;
   std::string device;       // empty: the spec's
+  trainerd::engine::ProfileRequest profile;
 };
 
 // The spec as `args` say to read it.
@@ -236,6 +241,7 @@ int Run(const RunArgs& args) {
   trainerd::engine::RunOptions options;
   options.resume = args.resume;
   options.stop = &g_stop;
+  options.profile = args.profile;
   auto result = trainerd::engine::RunJob(*spec, options, reporter);
   if (!result.ok()) return fail(result.status().message());
   if (events) events->Finish(result->stopped, result->output_path, result->eval_loss, /*error=*/"");
@@ -432,6 +438,21 @@ int main(int argc, char** argv) {
           return UsageError("--device wants cpu, cuda or cuda:N, got '" + value + "'");
         }
         run.device = value;
+      } else if (option("--profile")) {
+        if (missing || value.empty()) return UsageError("--profile wants a trace file to write");
+        run.profile.path = value;
+      } else if (option("--profile-steps")) {
+        int64_t first = 0, last = 0;
+        const size_t dash = value.find('-');
+        const std::string a = value.substr(0, dash), b = dash == std::string::npos ? a : value.substr(dash + 1);
+        auto [end_a, ec_a] = std::from_chars(a.data(), a.data() + a.size(), first);
+        auto [end_b, ec_b] = std::from_chars(b.data(), b.data() + b.size(), last);
+        if (missing || a.empty() || b.empty() || ec_a != std::errc() || ec_b != std::errc() ||
+            end_a != a.data() + a.size() || end_b != b.data() + b.size() || first < 1 || last < first) {
+          return UsageError("--profile-steps wants FIRST-LAST (or one step), counted from 1, got '" + value + "'");
+        }
+        run.profile.first = first;
+        run.profile.last = last;
       } else if (args[i] == "--help" || args[i] == "-h") {
         std::fputs(kUsage, stdout);
         return 0;

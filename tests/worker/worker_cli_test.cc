@@ -447,6 +447,42 @@ TEST_F(WorkerCliTest, DaemonOptionValuesAreChecked) {
   }
 }
 
+TEST_F(WorkerCliTest, ProfileStepsAreChecked) {
+  const std::string job = WriteJob("job.yaml", LoraJobYaml(PathOf("o"), "  max_steps: 1\n", false));
+  for (const char* bad : {"0-2", "3-2", "x", "2-", "-3", "1-2-3"}) {
+    Outcome r = Run({"run", job, "--profile", PathOf("trace.json"), "--profile-steps", bad});
+    EXPECT_EQ(r.exit_code, kExitUsage) << bad << ": " << r.err;
+    EXPECT_NE(r.err.find("--profile-steps"), std::string::npos) << r.err;
+  }
+  Outcome r = Run({"run", job, "--profile"});
+  EXPECT_EQ(r.exit_code, kExitUsage) << r.err;
+}
+
+// With LibTorch 2 the trace holds the traced steps' operators; LibTorch 1.13
+// (Debian's) cannot trace, and says so before training anything.
+TEST_F(WorkerCliTest, ProfileWritesAChromeTraceOrSaysWhyNot) {
+  const std::string out = PathOf("run");
+  const std::string trace = PathOf("trace.json");
+  const std::string job = WriteJob("job.yaml", LoraJobYaml(out, "  max_steps: 3\n  micro_batch_size: 2\n", false));
+  Outcome r = Run({"run", job, "--profile", trace, "--profile-steps", "2-3"});
+  if (r.exit_code == 0) {
+    const json j = json::parse(ReadAll(trace), nullptr, /*allow_exceptions=*/false);
+    ASSERT_TRUE(j.is_object() && j.contains("traceEvents")) << ReadAll(trace).substr(0, 200);
+    int matmuls = 0;
+    for (const json& e : j["traceEvents"]) {
+      if (e.contains("name") && e["name"].is_string() && e["name"].get<std::string>().find("aten::mm") == 0) ++matmuls;
+    }
+    EXPECT_GT(matmuls, 0) << "no aten::mm in the trace";
+    EXPECT_FALSE(fs::exists(trace + ".tmp"));
+  } else {
+    EXPECT_EQ(r.exit_code, 1) << r.err;
+    EXPECT_NE(r.err.find("cannot write a profile (" + trace + "): this build's LibTorch (1."), std::string::npos)
+        << r.err;
+    EXPECT_FALSE(fs::exists(trace));
+    EXPECT_FALSE(fs::exists(out + "/adapter")) << "nothing is trained when the profile cannot be written";
+  }
+}
+
 TEST_F(WorkerCliTest, DevicesListsTheGpusOrCpu) {
   Outcome r = Run({"devices"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
