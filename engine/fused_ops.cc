@@ -39,6 +39,26 @@ torch::Tensor PlainRope(const torch::Tensor& x, const torch::Tensor& position_id
   return x * cos + RotateHalf(x) * sin;
 }
 
+torch::Tensor PlainSoftmaxCrossEntropyRows(torch::Tensor& logits, const torch::Tensor& targets, int64_t ignore_index,
+                                           bool write_grad) {
+  const torch::NoGradGuard no_grad;                                    // not an autograd op
+  const int64_t rows = logits.size(0);
+  const torch::Tensor f = logits.to(torch::kFloat32);                  // (rows, V); logits itself when float32
+  const torch::Tensor valid = targets != ignore_index;                 // (rows) bool
+  const torch::Tensor index = torch::where(valid, targets, torch::zeros_like(targets)).unsqueeze(1);  // (rows, 1)
+  const torch::Tensor lse = torch::logsumexp(f, 1);                    // (rows)
+  const torch::Tensor picked = f.gather(1, index).squeeze(1);
+  torch::Tensor loss = (lse - picked) * valid;
+  if (write_grad) {
+    // A new tensor (f - lse), so f (possibly logits) is read whole before logits is written.
+    torch::Tensor probs = (f - lse.unsqueeze(1)).exp_();
+    probs.scatter_add_(1, index, torch::full({rows, 1}, -1.0, f.options()));
+    probs.mul_(valid.unsqueeze(1));
+    logits.copy_(probs);
+  }
+  return loss;
+}
+
 bool FusedKernelsBuilt() {
 #ifdef TRAINERD_WITH_CUDA_KERNELS
   return true;
@@ -182,6 +202,21 @@ class RopeFunction : public torch::autograd::Function<RopeFunction> {
   }
 };
 
+// The kernel path of FusedSoftmaxCrossEntropyRows: logits (rows, V) contiguous, a kernel tensor.
+torch::Tensor SoftmaxCrossEntropyRowsOnKernel(torch::Tensor& logits, const torch::Tensor& targets,
+                                              int64_t ignore_index, bool write_grad) {
+  const c10::cuda::CUDAGuard guard(logits.device());
+  const torch::Tensor t = targets.contiguous();  // (rows) int64
+  torch::Tensor loss = torch::empty({logits.size(0)}, logits.options().dtype(torch::kFloat32));
+  Check(kernels::SoftmaxCrossEntropyRows(logits.data_ptr(), t.data_ptr<int64_t>(), loss.data_ptr<float>(),
+                                         logits.size(0), logits.size(1), ignore_index, write_grad,
+                                         DTypeOf(logits), StreamOf(logits)));
+  // Written through a raw pointer: tell autograd, as an in-place op would
+  // (a saved logits tensor then fails its version check instead of being wrong).
+  if (write_grad) torch::autograd::impl::bump_version(logits);
+  return loss;
+}
+
 }  // namespace
 #endif  // TRAINERD_WITH_CUDA_KERNELS
 
@@ -214,6 +249,18 @@ torch::Tensor FusedRope(const torch::Tensor& x, const torch::Tensor& position_id
   }
 #endif
   return PlainRope(x, position_ids, inv_freq);
+}
+
+torch::Tensor FusedSoftmaxCrossEntropyRows(torch::Tensor& logits, const torch::Tensor& targets, int64_t ignore_index,
+                                           bool write_grad) {
+#ifdef TRAINERD_WITH_CUDA_KERNELS
+  if (KernelTensor(logits) && logits.dim() == 2 && logits.is_contiguous() && logits.size(1) < (int64_t{1} << 30) &&
+      targets.defined() && targets.dim() == 1 && targets.size(0) == logits.size(0) &&
+      targets.scalar_type() == torch::kInt64 && targets.device() == logits.device()) {
+    return SoftmaxCrossEntropyRowsOnKernel(logits, targets, ignore_index, write_grad);
+  }
+#endif
+  return PlainSoftmaxCrossEntropyRows(logits, targets, ignore_index, write_grad);
 }
 
 }  // namespace trainerd::engine

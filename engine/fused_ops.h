@@ -1,6 +1,7 @@
 // The decoder's memory-bound steps as fused CUDA kernels with their own
 // backward (engine/kernels/fused_kernels.h), and the plain LibTorch formulas
-// they replace.
+// they replace; and the per-row softmax cross-entropy of the chunked loss
+// (not an autograd op: last in this file).
 //
 // Fused*: on CUDA tensors of float32, float16 or bfloat16, in a build with the
 // kernels (FusedKernelsBuilt()), a torch::autograd::Function that launches the
@@ -42,6 +43,25 @@ torch::Tensor PlainSwiGlu(const torch::Tensor& gate, const torch::Tensor& up);
 // saves position_ids and inv_freq; the backward is the inverse rotation.
 torch::Tensor FusedRope(const torch::Tensor& x, const torch::Tensor& position_ids, const torch::Tensor& inv_freq);
 torch::Tensor PlainRope(const torch::Tensor& x, const torch::Tensor& position_ids, const torch::Tensor& inv_freq);
+
+// Softmax cross-entropy per row, in place (not an autograd op: the caller, a chunked
+// linear + cross-entropy, builds its own gradient from it).
+// logits: (rows, V) float32/float16/bfloat16, contiguous; targets: (rows) int64 on the same device.
+// Returns loss (rows) float32 as described for the kernel; when write_grad, logits is overwritten
+// with softmax - onehot(target) (zero rows where ignored), in logits' dtype.
+//   loss[r] = logsumexp(logits[r]) - logits[r][targets[r]], 0 where targets[r] == ignore_index,
+// all in float32 from the stored values (engine/kernels/fused_kernels.h).
+// The kernel path (CUDA, a kernel dtype, 2-D contiguous logits, V < 2^30, int64 targets on the
+// same device) reads the logits once (twice, and writes them once, with write_grad) and bumps their
+// version counter when it writes them. A target outside [0, V) that is not ignore_index: loss NaN on the
+// kernel path, an index error in Plain (gather). Anything else (CPU, other layouts) is Plain, which
+// takes logits of any layout.
+// Plain: the LibTorch formula of engine/linear_cross_entropy.cc (float32 logsumexp, gather,
+// exp(f - lse), scatter_add of -1, times the valid mask), then copied into logits.
+torch::Tensor FusedSoftmaxCrossEntropyRows(torch::Tensor& logits, const torch::Tensor& targets, int64_t ignore_index,
+                                           bool write_grad);
+torch::Tensor PlainSoftmaxCrossEntropyRows(torch::Tensor& logits, const torch::Tensor& targets, int64_t ignore_index,
+                                           bool write_grad);
 
 // Whether this build has the CUDA kernels (TRAINERD_WITH_CUDA_KERNELS).
 bool FusedKernelsBuilt();

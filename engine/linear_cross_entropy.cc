@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "engine/fused_ops.h"
+
 namespace trainerd::engine {
 namespace {
 
@@ -22,21 +24,14 @@ class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossE
       const int64_t rows = std::min(chunk_rows, n - start);
       const torch::Tensor h = hidden.narrow(0, start, rows);
       const torch::Tensor t = targets.narrow(0, start, rows);
-      const torch::Tensor valid = t != ignore_index;                          // (rows) bool
-      const torch::Tensor index = torch::where(valid, t, torch::zeros_like(t)).unsqueeze(1);  // (rows, 1)
-      torch::Tensor logits = torch::mm(h, weight.t()).to(torch::kFloat32);   // (rows, V)
-      const torch::Tensor lse = torch::logsumexp(logits, 1);                 // (rows)
-      const torch::Tensor picked = logits.gather(1, index).squeeze(1);
-      loss.add_(((lse - picked) * valid).sum());
-      if (!need_hidden && !need_weight) continue;
-      // d loss / d logits = softmax - onehot(target), zero on unlabelled rows;
-      // built in place in the float32 logits, then taken to the model dtype as
-      // autograd would (the logits were made in it).
-      torch::Tensor& probs = logits;
-      probs.sub_(lse.unsqueeze(1)).exp_();
-      probs.scatter_add_(1, index, torch::full({rows, 1}, -1.0, f32));
-      probs.mul_(valid.unsqueeze(1));
-      const torch::Tensor d_logits = probs.to(hidden.scalar_type());
+      // Logits in the model dtype (as the reference makes them); the fused op
+      // turns them into each row's loss (float32 math) and, in place, into
+      // d loss / d logits = softmax - onehot(target), zero on unlabelled rows.
+      torch::Tensor logits = torch::mm(h, weight.t());  // (rows, V)
+      const bool need_grad = need_hidden || need_weight;
+      loss.add_(FusedSoftmaxCrossEntropyRows(logits, t, ignore_index, need_grad).sum());
+      if (!need_grad) continue;
+      const torch::Tensor& d_logits = logits;
       if (need_hidden) {
         torch::Tensor out = grad_hidden.narrow(0, start, rows);
         torch::mm_out(out, d_logits, weight);

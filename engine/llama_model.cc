@@ -15,26 +15,6 @@
 
 namespace trainerd::engine {
 
-torch::Tensor Linear::Forward(const torch::Tensor& x, bool training) const {
-  // Flattened to (N, in) so that every product is one GEMM and the LoRA update
-  // is added in the second GEMM's epilogue (addmm) rather than by extra passes
-  // over the (N, out) output.
-  const int64_t in = x.size(-1);
-  std::vector<int64_t> out_shape = x.sizes().vec();
-  out_shape.back() = weight.size(0);
-  const torch::Tensor x2 = x.reshape({-1, in});
-  torch::Tensor y = bias.defined() ? torch::addmm(bias, x2, weight.t()) : torch::mm(x2, weight.t());
-  if (lora) {
-    // The float32 adapter (PEFT's master copy) is applied in the model dtype:
-    // its casts are (r, in) and (out, r), not the (N, in) activations that
-    // PEFT casts to float32. In float32 models this is PEFT's arithmetic.
-    const torch::Tensor a = lora->a.to(x.scalar_type()), b = lora->b.to(x.scalar_type());
-    const torch::Tensor h = lora->dropout > 0 ? torch::dropout(x2, lora->dropout, training) : x2;
-    y = torch::addmm(y, torch::mm(h, a.t()), b.t(), /*beta=*/1, /*alpha=*/lora->scaling);
-  }
-  return y.view(out_shape);
-}
-
 Linear* DecoderLayer::Module(const std::string& short_name) {
   if (short_name == "q_proj") return &q_proj;
   if (short_name == "k_proj") return &k_proj;
@@ -270,10 +250,11 @@ torch::Tensor LlamaModel::Attention(const DecoderLayer& layer, const torch::Tens
                                     const AttentionInputs& in) const {
   const int64_t b = x.size(0), t = x.size(1), d = config_.head_dim;
   const int64_t nh = config_.num_attention_heads, nkv = config_.num_key_value_heads;
+  const std::vector<torch::Tensor> qkv = ForwardShared({&layer.q_proj, &layer.k_proj, &layer.v_proj}, x, training_);
   if (in.segments.defined()) {
-    torch::Tensor q = layer.q_proj.Forward(x, training_).view({b * t, nh, d});
-    torch::Tensor k = layer.k_proj.Forward(x, training_).view({b * t, nkv, d});
-    torch::Tensor v = layer.v_proj.Forward(x, training_).view({b * t, nkv, d});
+    torch::Tensor q = qkv[0].view({b * t, nh, d});
+    torch::Tensor k = qkv[1].view({b * t, nkv, d});
+    torch::Tensor v = qkv[2].view({b * t, nkv, d});
     if (in.cos.defined()) {
       q = q * in.cos + RotateHalf(q) * in.sin;
       k = k * in.cos + RotateHalf(k) * in.sin;
@@ -282,16 +263,16 @@ torch::Tensor LlamaModel::Attention(const DecoderLayer& layer, const torch::Tens
       k = FusedRope(k, in.positions, inv_freq_);
     }
     torch::Tensor o = VarlenCausalAttention(q, k, v, in.segments);  // (B*T, nh, d)
-    return layer.o_proj.Forward(o.view({b, t, nh * d}), training_);
+    return ForwardShared({&layer.o_proj}, o.view({b, t, nh * d}), training_)[0];
   }
-  torch::Tensor q = layer.q_proj.Forward(x, training_).view({b, t, nh, d}).transpose(1, 2);
-  torch::Tensor k = layer.k_proj.Forward(x, training_).view({b, t, nkv, d}).transpose(1, 2);
-  torch::Tensor v = layer.v_proj.Forward(x, training_).view({b, t, nkv, d}).transpose(1, 2);
+  torch::Tensor q = qkv[0].view({b, t, nh, d}).transpose(1, 2);
+  torch::Tensor k = qkv[1].view({b, t, nkv, d}).transpose(1, 2);
+  torch::Tensor v = qkv[2].view({b, t, nkv, d}).transpose(1, 2);
   q = q * in.cos + RotateHalf(q) * in.sin;
   k = k * in.cos + RotateHalf(k) * in.sin;
   torch::Tensor o = CausalAttention(q, k, v, in.mask);  // (B, nh, T, d)
   o = o.transpose(1, 2).reshape({b, t, nh * d});
-  return layer.o_proj.Forward(o, training_);
+  return ForwardShared({&layer.o_proj}, o, training_)[0];
 }
 
 bool LlamaModel::UsesVarlenAttention() const {
@@ -303,8 +284,8 @@ torch::Tensor LlamaModel::LayerForward(size_t index, const torch::Tensor& h, con
   const double eps = config_.rms_norm_eps;
   torch::Tensor r = h + Attention(layer, FusedRmsNorm(h, layer.input_norm, eps), in);
   torch::Tensor x = FusedRmsNorm(r, layer.post_attention_norm, eps);
-  return r + layer.down_proj.Forward(
-                 FusedSwiGlu(layer.gate_proj.Forward(x, training_), layer.up_proj.Forward(x, training_)), training_);
+  const std::vector<torch::Tensor> gate_up = ForwardShared({&layer.gate_proj, &layer.up_proj}, x, training_);
+  return r + ForwardShared({&layer.down_proj}, FusedSwiGlu(gate_up[0], gate_up[1]), training_)[0];
 }
 
 torch::Tensor LlamaModel::Hidden(const torch::Tensor& input_ids, const torch::Tensor& position_ids,

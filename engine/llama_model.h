@@ -15,43 +15,25 @@
 // (PackedSegments, UsesVarlenAttention), grouped heads without copies; else
 // SDPA, with a dense (B, 1, T, T) mask for packed rows (PackedAttentionMask).
 //
-// Speed (issue 5, bench/speed): RMSNorm, rotary and SwiGLU run as fused CUDA
-// kernels where built (engine/fused_ops.h), LoRA updates are added in a GEMM
-// epilogue (Linear::Forward), and the loss never materialises the full
+// Speed (bench/speed): RMSNorm, rotary and SwiGLU run as fused CUDA kernels
+// where built (engine/fused_ops.h), the projections that share an input run as
+// one autograd node that adds LoRA updates and input gradients in GEMM
+// epilogues (engine/linear.h), and the loss never materialises the full
 // float32 logits (engine/linear_cross_entropy.h).
 #pragma once
 
 #include <map>
 #include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 
 #include <torch/torch.h>
 
 #include "common/status.h"
+#include "engine/linear.h"
 #include "engine/model_config.h"
 
 namespace trainerd::engine {
-
-// A LoRA update of one linear layer: y += scaling * B(A(dropout(x))).
-// A and B are float32 whatever the model's dtype (as PEFT keeps them).
-struct LoraWeights {
-  torch::Tensor a;  // (r, in)
-  torch::Tensor b;  // (out, r)
-  double scaling = 1.0;
-  double dropout = 0.0;
-};
-
-struct Linear {
-  std::string name;      // HF name without ".weight", e.g. model.layers.0.self_attn.q_proj
-  torch::Tensor weight;  // (out, in)
-  torch::Tensor bias;    // (out) or undefined
-  std::optional<LoraWeights> lora;
-
-  // x: (..., in) in the model dtype -> (..., out) in the model dtype.
-  torch::Tensor Forward(const torch::Tensor& x, bool training) const;
-};
 
 struct DecoderLayer {
   torch::Tensor input_norm;           // (H)

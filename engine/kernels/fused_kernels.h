@@ -1,5 +1,6 @@
 // Fused CUDA kernels for the Llama decoder's memory-bound steps: RMSNorm,
-// SwiGLU and rotary embeddings (RoPE), forward and backward.
+// SwiGLU and rotary embeddings (RoPE), forward and backward, and the
+// softmax cross-entropy of rows of logits with its gradient, in place.
 //
 // Torch-free on purpose: the launchers take raw device pointers, sizes, a
 // dtype and a cudaStream_t passed as `void*`, so this header can be included
@@ -10,7 +11,7 @@
 // asynchronous on `stream`; errors of the running kernel surface later, at
 // the next synchronising CUDA call.
 //
-// Numerics (all three ops): elements are read in the model dtype, all math is
+// Numerics (all ops): elements are read in the model dtype, all math is
 // float32, and each output is rounded once to the dtype at the end; the
 // exceptions mirror transformers' rounding points and are named per op.
 //
@@ -84,5 +85,22 @@ enum class DType { kFloat32, kFloat16, kBFloat16 };
 [[nodiscard]] std::string RopeForward(const void* x, int64_t token_stride, const int64_t* position,
                                       const float* inv_freq, void* out, int64_t tokens, int64_t heads,
                                       int64_t head_dim, bool inverse, DType dtype, void* stream);
+
+// ---- Softmax cross-entropy, in place ---------------------------------------
+// Softmax cross-entropy of each row of logits (rows, vocab), dtype T, dense:
+//   loss[r] = logsumexp(row r) - row r[target[r]]  (float32, natural log), 0 where target[r] == ignore_index
+// all in float32 from the stored values. When write_grad, the row is then overwritten in place with
+// d loss[r] / d logits = softmax(row) - onehot(target[r]), rounded once to T; rows whose target is
+// ignore_index become zeros. targets: (rows) int64 device memory. A target outside [0, vocab) that is not
+// ignore_index gives loss NaN for that row (and, with write_grad, a gradient of softmax alone).
+//   logits:  (rows, vocab) dtype, dense; read, and written only when write_grad
+//   loss:    (rows) float32 (may not alias logits or targets)
+// One block per row, two reads and one write of the logits (one read without
+// write_grad); the same bits every run (fixed-order block reductions).
+// A labelled row with a non-finite logit gets a non-finite loss (a +inf logit: NaN, not inf).
+// 0 < vocab < 2^30; rows of any count (grid-strided beyond 2^31 - 1).
+[[nodiscard]] std::string SoftmaxCrossEntropyRows(void* logits, const int64_t* targets, float* loss, int64_t rows,
+                                                  int64_t vocab, int64_t ignore_index, bool write_grad,
+                                                  DType dtype, void* stream);
 
 }  // namespace trainerd::kernels

@@ -1,5 +1,5 @@
-// engine/fused_ops.h: the fused RMSNorm, SwiGLU and RoPE against the plain
-// LibTorch formulas.
+// engine/fused_ops.h: the fused RMSNorm, SwiGLU, RoPE and softmax
+// cross-entropy rows against the plain LibTorch formulas.
 //  - CPU (CI): Fused* is Plain* bit for bit, forward and gradients, and the
 //    Plain* formulas match independent float64 computations.
 //  - CUDA with the kernels built: for each dtype and shape, fresh random
@@ -7,6 +7,8 @@
 //    upcast to float64, by ||out - ref|| / ||ref|| within 1e-2 (bf16), 2e-3
 //    (fp16), 1e-5 (fp32), nothing non-finite; the launchers write every
 //    element of NaN-poisoned outputs, and dweight is the same bits twice.
+//    The cross-entropy is held to per-element bounds instead (its gradient
+//    spans many magnitudes, which a norm would hide): CrossEntropyBounds.
 // The seed is printed; TRAINERD_TEST_SEED replays one. TRAINERD_FUSED_TEST_QUICK=1
 // shrinks the largest shapes (scripts/gpu-sanitize.sh: tools run slowly).
 #include "engine/fused_ops.h"
@@ -94,6 +96,123 @@ torch::Tensor Positions(int64_t tokens, int64_t start, const torch::Device& devi
   return torch::tensor(p, torch::kInt64).to(device);
 }
 
+// ---- softmax cross-entropy rows
+
+constexpr int64_t kIgnoreIndex = -100;
+
+// (rows) int64 targets in [0, vocab): row 0 takes class 0, the last row class
+// vocab - 1, rows r % 5 == 2 are ignored (kIgnoreIndex).
+torch::Tensor CrossEntropyTargets(int64_t rows, int64_t vocab, const torch::Device& device) {
+  torch::Tensor t = torch::randint(vocab, {rows}, torch::kInt64);
+  t[0] = 0;
+  if (rows > 1) t[rows - 1] = vocab - 1;
+  for (int64_t r = 2; r < rows; r += 5) t[r] = kIgnoreIndex;
+  return t.to(device);
+}
+
+// (rows, vocab) logits of `dtype`: Normal(0, scale), plus a spike of +10 in
+// each row, at vocab - 1 (rows r % 4 == 0), 0 (r % 4 == 1), the target
+// (r % 4 == 2, when not ignored) or a random column: a kernel that misses
+// an edge of the row, or reads the wrong target, is off by far more than
+// rounding. offset > 0: `offset` elements into a larger allocation (a data
+// pointer off 16-byte alignment: the kernel's scalar path).
+torch::Tensor CrossEntropyLogits(int64_t rows, int64_t vocab, const torch::Tensor& targets, torch::ScalarType dtype,
+                                 const torch::Device& device, double scale, int64_t offset = 0) {
+  const torch::Tensor t = targets.cpu();
+  std::vector<int64_t> spike(rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t target = t[r].item<int64_t>();
+    if (r % 4 == 0) {
+      spike[r] = vocab - 1;
+    } else if (r % 4 == 1) {
+      spike[r] = 0;
+    } else if (r % 4 == 2 && target >= 0 && target < vocab) {
+      spike[r] = target;
+    } else {
+      spike[r] = torch::randint(vocab, {1}, torch::kInt64).item<int64_t>();
+    }
+  }
+  torch::Tensor base = torch::randn({rows * vocab + offset}, torch::TensorOptions().device(device)) * scale;
+  base.narrow(0, offset, rows * vocab)
+      .view({rows, vocab})
+      .scatter_add_(1, torch::tensor(spike, torch::kInt64).to(device).unsqueeze(1),
+                    torch::full({rows, 1}, 10.0, base.options()));
+  return base.to(dtype).narrow(0, offset, rows * vocab).view({rows, vocab});
+}
+
+// A contiguous copy of x, `offset` elements into its allocation (clone()
+// would start it at offset 0: 16-byte aligned).
+torch::Tensor CopyAt(const torch::Tensor& x, int64_t offset) {
+  return torch::empty({x.numel() + offset}, x.options()).narrow(0, offset, x.numel()).view(x.sizes()).copy_(x);
+}
+
+// Per-element bounds for the cross-entropy of the stored logits x (rows, V),
+// against float64 from the same stored values, on x's device:
+//  - loss, labelled rows: |loss - ref| <= 1e-5 + 2^-22 (|lse| + |ref|): the
+//    float32 sum of exps (relative error ~1e-6 for ~250 terms a thread, then
+//    the tree) and a few roundings of values of lse's size;
+//  - ignored rows: loss exactly 0 and a zero gradient row; a target outside
+//    [0, V) that is not ignored: loss NaN, gradient softmax alone;
+//  - gradient: |g - ref| <= u |ref| + E p + a, with p the float64 softmax,
+//    u twice the relative error of the single rounding to the dtype (at most
+//    half an ulp: 2^-8 of the value in bf16, 2^-11 fp16, 2^-24 fp32), so
+//    u = 2^-7, 2^-10, 2^-23: one ulp; E = 4e-6 + 2^-22 (|lse| + |x - lse|)
+//    the relative error of the float32 exp(x - lse) (lse's error, the
+//    rounding of x - lse, expf's 2 ulp), a the dtype's absolute floor
+//    (fp16 subnormals 2^-24, else 1e-37: exp underflow).
+// A missed element or vector, a wrong target, a stale or wrong lse, or an
+// unwritten element is off by far more than these.
+// grad undefined: only the loss is checked. Appends the worst error / bound
+// ratios (must be <= 1) to `figures`.
+void ExpectCrossEntropyWithinBounds(const std::string& what, const torch::Tensor& x, const torch::Tensor& targets,
+                                    const torch::Tensor& loss, const torch::Tensor& grad, std::string& figures) {
+  const torch::ScalarType dtype = x.scalar_type();
+  const int64_t vocab = x.size(1);
+  const torch::Tensor x64 = x.to(torch::kFloat64);
+  const torch::Tensor ignored = targets == kIgnoreIndex;
+  const torch::Tensor in_range = targets.ge(0).logical_and(targets.lt(vocab));
+  const torch::Tensor labelled = in_range.logical_and(ignored.logical_not());
+  const torch::Tensor stray = in_range.logical_not().logical_and(ignored.logical_not());
+  const torch::Tensor index = torch::where(labelled, targets, torch::zeros_like(targets)).unsqueeze(1);
+  const torch::Tensor lse = torch::logsumexp(x64, 1);
+  const torch::Tensor ref_loss = lse - x64.gather(1, index).squeeze(1);
+
+  ASSERT_EQ(loss.sizes(), targets.sizes()) << what;
+  ASSERT_EQ(loss.scalar_type(), torch::kFloat32) << what;
+  const torch::Tensor l64 = loss.to(torch::kFloat64);
+  EXPECT_TRUE((l64.masked_select(ignored) == 0).all().item<bool>()) << what << ": ignored rows' loss not 0";
+  EXPECT_TRUE(torch::isnan(l64.masked_select(stray)).all().item<bool>()) << what << ": stray target, loss not NaN";
+  double loss_ratio = 0;
+  if (labelled.any().item<bool>()) {
+    const torch::Tensor bound = 1e-5 + std::ldexp(1.0, -22) * (lse.abs() + ref_loss.abs());
+    loss_ratio = ((l64 - ref_loss).abs() / bound).masked_select(labelled).max().item<double>();
+    EXPECT_TRUE(AllFinite(loss.masked_select(labelled))) << what << ": non-finite loss";
+    EXPECT_LE(loss_ratio, 1.0) << what << ": loss";
+  }
+  char buf[96];
+  std::snprintf(buf, sizeof(buf), " loss err/bound %.2f", loss_ratio);
+  figures += buf;
+  if (!grad.defined()) return;
+
+  ASSERT_EQ(grad.sizes(), x.sizes()) << what;
+  ASSERT_EQ(grad.scalar_type(), dtype) << what;
+  EXPECT_TRUE(AllFinite(grad)) << what << ": non-finite gradient";
+  const torch::Tensor shifted = x64 - lse.unsqueeze(1);
+  const torch::Tensor p = shifted.exp() * ignored.logical_not().unsqueeze(1);  // zero rows where ignored
+  const torch::Tensor onehot = torch::zeros_like(x64).scatter_(1, index, 1.0) * labelled.unsqueeze(1);
+  const torch::Tensor ref = p - onehot;
+  const double u = dtype == torch::kBFloat16 ? std::ldexp(1.0, -7)
+                   : dtype == torch::kFloat16 ? std::ldexp(1.0, -10)
+                                              : std::ldexp(1.0, -23);
+  const double a = dtype == torch::kFloat16 ? std::ldexp(1.0, -24) : 1e-37;
+  const torch::Tensor e = 4e-6 + std::ldexp(1.0, -22) * (lse.abs().unsqueeze(1) + shifted.abs());
+  const torch::Tensor bound = u * ref.abs() + e * p + a;
+  const double grad_ratio = ((grad.to(torch::kFloat64) - ref).abs() / bound).max().item<double>();
+  EXPECT_LE(grad_ratio, 1.0) << what << ": gradient";
+  std::snprintf(buf, sizeof(buf), " grad err/bound %.2f", grad_ratio);
+  figures += buf;
+}
+
 // ---------------------------------------------------------------- CPU
 
 TEST(FusedOpsCpuTest, RmsNormIsPlainForwardAndBackward) {
@@ -148,6 +267,30 @@ TEST(FusedOpsCpuTest, RopeIsPlainForwardAndBackward) {
   }
 }
 
+TEST(FusedOpsCpuTest, SoftmaxCrossEntropyRowsIsPlain) {
+  SeedForTest();
+  const int64_t rows = 7, vocab = 37;
+  const torch::Tensor t = CrossEntropyTargets(rows, vocab, torch::kCPU);  // row 2 ignored
+  for (auto dtype : {torch::kFloat32, torch::kBFloat16, torch::kFloat16}) {
+    const torch::Tensor x = CrossEntropyLogits(rows, vocab, t, dtype, torch::kCPU, 3.0);
+    for (bool write_grad : {false, true}) {
+      const std::string what = DTypeName(dtype) + (write_grad ? " write_grad" : "");
+      torch::Tensor a = x.clone(), b = x.clone();
+      const torch::Tensor la = FusedSoftmaxCrossEntropyRows(a, t, kIgnoreIndex, write_grad);
+      const torch::Tensor lb = PlainSoftmaxCrossEntropyRows(b, t, kIgnoreIndex, write_grad);
+      EXPECT_TRUE(torch::equal(la, lb)) << what;
+      EXPECT_TRUE(torch::equal(a, b)) << what;
+      EXPECT_EQ(la.scalar_type(), torch::kFloat32) << what;
+      EXPECT_TRUE(AllFinite(la)) << what;
+      if (write_grad) {
+        EXPECT_TRUE((a[2] == 0).all().item<bool>()) << what << ": ignored row not zero";
+      } else {
+        EXPECT_TRUE(torch::equal(a, x)) << what << ": logits written without write_grad";
+      }
+    }
+  }
+}
+
 TEST(PlainOpsTest, RmsNormMatchesFloat64) {
   SeedForTest();
   const torch::Tensor x = Random({7, 96}, torch::kFloat32, torch::kCPU, 2.0, 0.5);
@@ -181,6 +324,49 @@ TEST(PlainOpsTest, RopeMatchesPairRotationInFloat64) {
       }
     }
     EXPECT_LT(NormRelError(out, ref), 1e-5) << "positions from " << start;
+  }
+}
+
+// The loss against float64 log_softmax, the written gradient against
+// autograd of the float64 cross_entropy (sum, ignore_index), float32 logits.
+TEST(PlainOpsTest, SoftmaxCrossEntropyRowsMatchesFloat64Autograd) {
+  SeedForTest();
+  const int64_t rows = 9, vocab = 50;
+  const torch::Tensor t = CrossEntropyTargets(rows, vocab, torch::kCPU);  // rows 2 and 7 ignored
+  const torch::Tensor x = CrossEntropyLogits(rows, vocab, t, torch::kFloat32, torch::kCPU, 3.0);
+  torch::Tensor logits = x.clone();
+  const torch::Tensor loss = PlainSoftmaxCrossEntropyRows(logits, t, kIgnoreIndex, /*write_grad=*/true);
+
+  torch::Tensor x64 = x.to(torch::kFloat64).requires_grad_();
+  const torch::Tensor valid = t != kIgnoreIndex;
+  const torch::Tensor index = torch::where(valid, t, torch::zeros_like(t)).unsqueeze(1);
+  const torch::Tensor ref_loss =
+      -torch::log_softmax(x64.detach(), 1).gather(1, index).squeeze(1) * valid.to(torch::kFloat64);
+  EXPECT_LT((loss.to(torch::kFloat64) - ref_loss).abs().max().item<double>(), 1e-5);
+  const torch::Tensor total = torch::nn::functional::cross_entropy(
+      x64, t, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum).ignore_index(kIgnoreIndex));
+  total.backward();
+  EXPECT_NEAR(loss.sum().item<double>(), total.item<double>(), 1e-5 * std::abs(total.item<double>()));
+  EXPECT_LT((logits.to(torch::kFloat64) - x64.grad()).abs().max().item<double>(), 1e-6);
+}
+
+// The bounds the CUDA kernel is held to (ExpectCrossEntropyWithinBounds) hold
+// for the plain float32 formula too: they are not tighter than float32
+// arithmetic allows, so a failure on the GPU is the kernel's.
+TEST(PlainOpsTest, SoftmaxCrossEntropyRowsWithinKernelBounds) {
+  SeedForTest();
+  for (auto dtype : {torch::kFloat32, torch::kBFloat16, torch::kFloat16}) {
+    for (double scale : {1.0, 30.0}) {
+      const int64_t rows = 6, vocab = 5000;
+      const std::string what = DTypeName(dtype) + " scale=" + std::to_string(static_cast<int>(scale));
+      const torch::Tensor t = CrossEntropyTargets(rows, vocab, torch::kCPU);
+      const torch::Tensor x = CrossEntropyLogits(rows, vocab, t, dtype, torch::kCPU, scale);
+      torch::Tensor g = x.clone();
+      const torch::Tensor loss = PlainSoftmaxCrossEntropyRows(g, t, kIgnoreIndex, /*write_grad=*/true);
+      std::string figures;
+      ExpectCrossEntropyWithinBounds(what, x, t, loss, g, figures);
+      std::printf("[  figure  ] %s:%s\n", what.c_str(), figures.c_str());
+    }
   }
 }
 
@@ -317,6 +503,83 @@ TEST_F(FusedOpsCudaTest, RopeMatchesFloat64Reference) {
   }
 }
 
+// Every dtype and path of the kernel: vocab 128256 (a Llama 3 head: whole
+// 16-byte vectors), 1000 (vectors, a block of fewer than 512 threads), 8 (one
+// or two vectors), 262144, 1001 (odd: the scalar path) and 32000 one element
+// into its allocation (unaligned: the scalar path); logits of scale 30 for the
+// online maximum. Without write_grad the logits stay untouched and the loss is
+// the same bits as with it (pass 1 is the same code).
+TEST_F(FusedOpsCudaTest, SoftmaxCrossEntropyRowsMatchesFloat64Reference) {
+  struct Case {
+    int64_t rows, vocab, offset;
+    double scale;
+  };
+  const std::vector<Case> cases = {{Quick() ? 64 : 512, 128256, 0, 2.0},
+                                   {64, 128256, 0, 30.0},
+                                   {5, 1000, 0, 1.0},
+                                   {2, 8, 0, 1.0},
+                                   {3, 262144, 0, 2.0},
+                                   {33, 1001, 0, 3.0},
+                                   {9, 32000, 1, 2.0}};
+  for (auto dtype : dtypes_) {
+    for (const Case& c : cases) {
+      const std::string what = DTypeName(dtype) + " rows=" + std::to_string(c.rows) +
+                               " V=" + std::to_string(c.vocab) + (c.offset ? " unaligned" : "") +
+                               " scale=" + std::to_string(static_cast<int>(c.scale));
+      const torch::Tensor t = CrossEntropyTargets(c.rows, c.vocab, cuda_);
+      const torch::Tensor x = CrossEntropyLogits(c.rows, c.vocab, t, dtype, cuda_, c.scale, c.offset);
+      ASSERT_EQ(x.storage_offset(), c.offset) << what;
+      torch::Tensor untouched = CopyAt(x, c.offset);
+      const torch::Tensor loss_only = FusedSoftmaxCrossEntropyRows(untouched, t, kIgnoreIndex, /*write_grad=*/false);
+      EXPECT_TRUE(torch::equal(untouched, x)) << what << ": logits written without write_grad";
+      torch::Tensor g = CopyAt(x, c.offset);
+      const torch::Tensor loss = FusedSoftmaxCrossEntropyRows(g, t, kIgnoreIndex, /*write_grad=*/true);
+      EXPECT_TRUE(torch::equal(loss, loss_only)) << what << ": loss differs with write_grad";
+
+      std::string figures;
+      ExpectCrossEntropyWithinBounds(what, x, t, loss_only, torch::Tensor(), figures);
+      ExpectCrossEntropyWithinBounds(what, x, t, loss, g, figures);
+      PrintFigures(what, figures);
+    }
+  }
+}
+
+// A target outside [0, V) that is not ignore_index (V, -1): loss NaN, the
+// gradient softmax alone; the other rows as usual.
+TEST_F(FusedOpsCudaTest, SoftmaxCrossEntropyRowsStrayTarget) {
+  for (auto dtype : dtypes_) {
+    for (int64_t vocab : {4096, 1001}) {
+      const std::string what = DTypeName(dtype) + " V=" + std::to_string(vocab);
+      torch::Tensor t = CrossEntropyTargets(6, vocab, torch::kCPU);
+      t[1] = vocab;
+      t[3] = -1;
+      t = t.to(cuda_);
+      const torch::Tensor x = CrossEntropyLogits(6, vocab, t, dtype, cuda_, 2.0);
+      torch::Tensor g = x.clone();
+      const torch::Tensor loss = FusedSoftmaxCrossEntropyRows(g, t, kIgnoreIndex, /*write_grad=*/true);
+      std::string figures;
+      ExpectCrossEntropyWithinBounds(what, x, t, loss, g, figures);
+      PrintFigures(what, figures);
+    }
+  }
+}
+
+// Logits that are not contiguous (a narrow of wider rows) take Plain, which
+// writes through the view: the same bits as Plain itself.
+TEST_F(FusedOpsCudaTest, SoftmaxCrossEntropyRowsStridedIsPlain) {
+  for (auto dtype : dtypes_) {
+    const torch::Tensor t = CrossEntropyTargets(7, 1000, cuda_);
+    const torch::Tensor wide = Random({7, 1003}, dtype, cuda_, 2.0);
+    torch::Tensor a = wide.clone(), b = wide.clone();
+    torch::Tensor va = a.narrow(1, 0, 1000), vb = b.narrow(1, 0, 1000);
+    const torch::Tensor la = FusedSoftmaxCrossEntropyRows(va, t, kIgnoreIndex, /*write_grad=*/true);
+    const torch::Tensor lb = PlainSoftmaxCrossEntropyRows(vb, t, kIgnoreIndex, /*write_grad=*/true);
+    EXPECT_TRUE(torch::equal(la, lb)) << DTypeName(dtype);
+    EXPECT_TRUE(torch::equal(a, b)) << DTypeName(dtype);
+    EXPECT_TRUE(torch::equal(a.narrow(1, 1000, 3), wide.narrow(1, 1000, 3))) << DTypeName(dtype);
+  }
+}
+
 #ifdef TRAINERD_WITH_CUDA_KERNELS
 // The launchers directly, on outputs (and scratch) filled with NaN: every
 // element must be written, the results must be those of the autograd
@@ -384,7 +647,56 @@ TEST_F(FusedOpsCudaTest, LaunchersWriteEveryElement) {
       // The inverse rotation undoes the forward one up to the dtype's rounding.
       EXPECT_LT(NormRelError(back, x), 4 * Tolerance(dtype)) << DTypeName(dtype) << " pad=" << pad;
     }
+    // The cross-entropy writes its loss (NaN-poisoned) and, in place, every
+    // element of the gradient: ignored rows are NaN logits, which must come
+    // back as zeros without being read. Twice: the same bits.
+    for (int64_t vocab : {int64_t{128256}, int64_t{4096}, int64_t{1001}}) {
+      for (int64_t rows : {int64_t{7}, Quick() ? int64_t{70} : int64_t{1030}}) {
+        const std::string what = DTypeName(dtype) + " rows=" + std::to_string(rows) + " V=" + std::to_string(vocab);
+        const torch::Tensor t = CrossEntropyTargets(rows, vocab, cuda_);
+        torch::Tensor x = CrossEntropyLogits(rows, vocab, t, dtype, cuda_, 2.0);
+        x.masked_fill_((t == kIgnoreIndex).unsqueeze(1), std::numeric_limits<float>::quiet_NaN());
+        std::vector<torch::Tensor> losses, grads;
+        for (int run = 0; run < 2; ++run) {
+          torch::Tensor g = x.clone(), loss = poisoned({rows}, of);
+          ASSERT_EQ(k::SoftmaxCrossEntropyRows(g.data_ptr(), t.data_ptr<int64_t>(), loss.data_ptr<float>(), rows,
+                                               vocab, kIgnoreIndex, /*write_grad=*/true, kdtype(dtype), stream), "");
+          EXPECT_TRUE(AllFinite(loss) && AllFinite(g)) << what;
+          losses.push_back(loss);
+          grads.push_back(g);
+        }
+        EXPECT_TRUE(torch::equal(losses[0], losses[1]) && torch::equal(grads[0], grads[1]))
+            << what << ": not the same bits twice";
+        torch::Tensor g = x.clone();
+        EXPECT_TRUE(torch::equal(FusedSoftmaxCrossEntropyRows(g, t, kIgnoreIndex, true), losses[0])) << what;
+        EXPECT_TRUE(torch::equal(g, grads[0])) << what;
+      }
+    }
   }
+}
+
+// Bad arguments come back as messages naming the launcher, before any launch;
+// rows == 0 is nothing to do.
+TEST_F(FusedOpsCudaTest, SoftmaxCrossEntropyRowsChecksArguments) {
+  namespace k = trainerd::kernels;
+  void* stream = c10::cuda::getCurrentCUDAStream().stream();
+  const torch::Tensor x = Random({3, 64}, torch::kBFloat16, cuda_);
+  const torch::Tensor t = torch::zeros({3}, torch::TensorOptions().dtype(torch::kInt64).device(cuda_));
+  torch::Tensor loss = torch::zeros({3}, torch::TensorOptions().dtype(torch::kFloat32).device(cuda_));
+  const auto call = [&](void* logits, const int64_t* targets, float* l, int64_t rows, int64_t vocab) {
+    return k::SoftmaxCrossEntropyRows(logits, targets, l, rows, vocab, kIgnoreIndex, true, k::DType::kBFloat16,
+                                      stream);
+  };
+  const int64_t* tp = t.data_ptr<int64_t>();
+  float* lp = loss.data_ptr<float>();
+  for (const std::string& e : {call(nullptr, tp, lp, 3, 64), call(x.data_ptr(), nullptr, lp, 3, 64),
+                               call(x.data_ptr(), tp, nullptr, 3, 64), call(x.data_ptr(), tp, lp, -1, 64),
+                               call(x.data_ptr(), tp, lp, 3, 0), call(x.data_ptr(), tp, lp, 3, -64),
+                               call(x.data_ptr(), tp, lp, 3, int64_t{1} << 30)}) {
+    EXPECT_EQ(e.rfind("SoftmaxCrossEntropyRows: ", 0), 0u) << e;
+  }
+  EXPECT_EQ(call(nullptr, nullptr, nullptr, 0, 64), "");
+  EXPECT_TRUE(torch::equal(loss, torch::zeros_like(loss)));
 }
 #endif  // TRAINERD_WITH_CUDA_KERNELS
 

@@ -1,5 +1,5 @@
 // The training loop's faster paths compute what the plain ones do: the
-// chunked linear cross-entropy, activation checkpointing (with dropout), the
+// projections that share an input as one node, the chunked linear cross-entropy, activation checkpointing (with dropout), the
 // fused AdamW, the step read-back, the FLOPs count and the micro-batch probe.
 // Runs on TRAINERD_TEST_DEVICE / TRAINERD_TEST_DTYPE (CPU float32 in CI).
 #include <cmath>
@@ -9,6 +9,7 @@
 #include "engine/batch.h"
 #include "engine/flops.h"
 #include "engine/fused_adamw.h"
+#include "engine/linear.h"
 #include "engine/linear_cross_entropy.h"
 #include "engine/llama_model.h"
 #include "engine/lora.h"
@@ -124,6 +125,75 @@ TEST(ActivationCheckpointing, SameLossAndGradientsWithDropout) {
     }
     // Layer 0's adapters got gradients although the embedding output needs none.
     EXPECT_GT(ckpt_grads[0].abs().sum().item<double>(), 0);
+  }
+}
+
+// The shared-input node (ForwardShared) gives each layer's Forward outputs and
+// the same gradients for the input and every LoRA matrix: q|k|v-like groups
+// with a bias on one layer and no LoRA on another, and an input that needs no
+// gradient (the first layer's), where the adapters must still get theirs.
+TEST(SharedInputLinears, MatchTheLayersOneByOne) {
+  torch::manual_seed(5);
+  const auto opts = torch::TensorOptions().dtype(TorchTestDtype()).device(TorchTestDevice());
+  const auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(TorchTestDevice());
+  const int64_t in = 24;
+  std::vector<engine::Linear> layers(3);
+  const int64_t outs[3] = {16, 8, 8};
+  for (int i = 0; i < 3; ++i) {
+    layers[i].name = "layer" + std::to_string(i);
+    layers[i].weight = torch::randn({outs[i], in}, opts) * 0.2;
+    if (i == 1) layers[i].bias = torch::randn({outs[i]}, opts);
+    if (i != 2) {
+      engine::LoraWeights w;
+      w.a = (torch::randn({4, in}, f32) * 0.3).set_requires_grad(true);
+      w.b = (torch::randn({outs[i], 4}, f32) * 0.3).set_requires_grad(true);
+      w.scaling = i == 0 ? 2.0 : 0.5;
+      layers[i].lora = w;
+    }
+  }
+  std::vector<const engine::Linear*> group{&layers[0], &layers[1], &layers[2]};
+  for (bool input_needs_grad : {true, false}) {
+    // Forward, then a loss that weighs every output differently.
+    auto run = [&](bool shared) {
+      torch::Tensor x = torch::randn({2, 5, in}, torch::TensorOptions().dtype(TorchTestDtype()).device(TorchTestDevice()).requires_grad(input_needs_grad));
+      std::vector<torch::Tensor> ys;
+      if (shared) {
+        ys = engine::ForwardShared(group, x, /*training=*/true);
+      } else {
+        for (const engine::Linear* l : group) ys.push_back(l->Forward(x, /*training=*/true));
+      }
+      torch::Tensor loss = torch::zeros({}, f32);
+      for (size_t i = 0; i < ys.size(); ++i) {
+        EXPECT_EQ(ys[i].sizes(), (std::vector<int64_t>{2, 5, outs[i]}));
+        loss = loss + (ys[i].to(torch::kFloat32) * torch::linspace(-1, 1, outs[i], f32) * double(i + 1)).sum();
+      }
+      for (auto& l : layers) {
+        if (l.lora) {
+          l.lora->a.mutable_grad() = torch::Tensor();
+          l.lora->b.mutable_grad() = torch::Tensor();
+        }
+      }
+      loss.backward();
+      std::vector<torch::Tensor> out(ys.begin(), ys.end());
+      if (input_needs_grad) out.push_back(x.grad());
+      for (auto& l : layers) {
+        if (l.lora) {
+          out.push_back(l.lora->a.grad().clone());
+          out.push_back(l.lora->b.grad().clone());
+        }
+      }
+      return out;
+    };
+    torch::manual_seed(9);
+    const std::vector<torch::Tensor> plain = run(false);
+    torch::manual_seed(9);
+    const std::vector<torch::Tensor> shared = run(true);
+    ASSERT_EQ(plain.size(), shared.size());
+    for (size_t i = 0; i < plain.size(); ++i) {
+      ASSERT_TRUE(shared[i].defined()) << "tensor " << i;
+      EXPECT_LE(RelativeError(shared[i], plain[i]), TestTolerances().loss * 10)
+          << "tensor " << i << " (input needs grad: " << input_needs_grad << ")";
+    }
   }
 }
 
