@@ -11,7 +11,7 @@ struct StepReadback::State {
   torch::Tensor values;  // (n) float64: pinned host memory on CUDA, else the values themselves
   bool on_cuda = false;
 #ifdef TRAINERD_WITH_C10_CUDA
-  at::cuda::CUDAEvent done;
+  at::cuda::CUDAEvent done{cudaEventDefault};  // with timing (the default event has none)
 #endif
 };
 
@@ -43,9 +43,19 @@ std::vector<double> StepReadback::Wait() {
   if (state_->on_cuda) state_->done.synchronize();
 #endif
   const torch::Tensor v = state_->values.contiguous();
-  std::vector<double> out(v.data_ptr<double>(), v.data_ptr<double>() + v.numel());
-  state_.reset();
-  return out;
+  return std::vector<double>(v.data_ptr<double>(), v.data_ptr<double>() + v.numel());
+}
+
+std::optional<double> StepReadback::SecondsBetween(const StepReadback& earlier, const StepReadback& later) {
+#ifdef TRAINERD_WITH_C10_CUDA
+  if (earlier.state_ && later.state_ && earlier.state_->on_cuda && later.state_->on_cuda) {
+    return earlier.state_->done.elapsed_time(later.state_->done) / 1000.0;
+  }
+#else
+  (void)earlier;
+  (void)later;
+#endif
+  return std::nullopt;
 }
 
 }  // namespace trainerd::engine

@@ -4,9 +4,14 @@
 // Wait blocks only until that event, so work queued later (the next step's
 // forward and backward) keeps the GPU busy meanwhile. A plain .item() would
 // wait for everything queued before it. On the CPU both are immediate.
+//
+// The event also times the step on the device: SecondsBetween gives the GPU
+// time between the ends of two steps, which the host's clock cannot (it reads
+// a step's end only when the next step is queued, a variable time later).
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include <torch/torch.h>
@@ -23,8 +28,13 @@ class StepReadback {
   // scalars: 0-dim tensors, all on one device.
   void Start(const std::vector<torch::Tensor>& scalars);
   bool started() const;
-  // The values, in Start's order, as double.
+  // The values, in Start's order, as double. The readback stays started (its
+  // event can still be timed against).
   std::vector<double> Wait();
+
+  // Seconds on the device from `earlier`'s Start to `later`'s, both waited
+  // for; nullopt on the CPU or when either was not started.
+  static std::optional<double> SecondsBetween(const StepReadback& earlier, const StepReadback& later);
 
  private:
   struct State;

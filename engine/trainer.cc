@@ -132,14 +132,18 @@ Status Trainer::Resolve(PendingStep& p, Window& w, int64_t first_step, Clock::ti
   e.lr = p.lr;
   e.grad_norm = values[1];
   e.tokens = p.tokens_seen;
-  const double window_s = Seconds(w.start);
+  const double window_s = w.previous.started() ? StepReadback::SecondsBetween(w.previous, p.scalars).value_or(Seconds(w.start))
+                                                : Seconds(w.start);
   e.tokens_per_s = window_s > 0 ? static_cast<double>(w.tokens) / window_s : 0;
   e.mfu = peak_flops_ > 0 && window_s > 0 ? w.flops / window_s / peak_flops_ : 0;
   e.elapsed_s = Seconds(start);
   e.eta_s = e.elapsed_s / static_cast<double>(p.step - first_step) * static_cast<double>(total_steps_ - p.step);
   e.peak_memory_bytes = PeakMemoryBytes(model_.device());
   reporter_.OnProgress(e);
-  w = Window{Clock::now()};
+  Window next;
+  next.start = Clock::now();
+  next.previous = std::move(p.scalars);
+  w = std::move(next);
   return Status::Ok();
 }
 
@@ -215,7 +219,8 @@ StatusOr<RunResult> Trainer::Run(const RunOptions& options) {
   // Peak memory is the training's: loading the model does not count.
   ResetPeakMemory(model_.device());
   const auto start = Clock::now();
-  Window window{start};
+  Window window;
+  window.start = start;
   model_.set_training(true);
   FusedAdamW adamw(*optimizer_);
   std::vector<torch::Tensor> params;

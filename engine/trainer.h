@@ -66,9 +66,12 @@ class Trainer {
     double lr = 0;
     int64_t cursor = 0, tokens_seen = 0;  // after the step
   };
-  // The steps since the last progress event.
+  // The steps since the last progress event. Their time is the device's, from
+  // the end of the step that closed the previous window (`previous`, CUDA) to
+  // the end of the last step; the host clock from `start` otherwise.
   struct Window {
     Clock::time_point start;
+    StepReadback previous;  // not started: the first window, or the CPU
     double loss_sum = 0, flops = 0;
     int64_t targets = 0, tokens = 0;
   };

@@ -129,8 +129,8 @@ def render(versions, ceiling, results):
     any_r = next(iter(results.values()), {})
     L.append("- method: identical random weights and token ids on every system; %s untimed + %s timed steps of one "
              "micro-batch; LoRA r 16, alpha 32, all seven projections, bf16, AdamW; MFU = tokens/s × the reference's "
-             "lora_flops_per_token / the ceiling above; trainerd's peak counts from process start (model loading "
-             "included), the reference's from its first step" % (any_r.get("warmup", 3), any_r.get("steps", 10)))
+             "lora_flops_per_token / the ceiling above; trainerd's step time is the device time between step ends "
+             "(CUDA events), the reference's the wall time of its timed loop; both peaks are reset after loading" % (any_r.get("warmup", 3), any_r.get("steps", 10)))
     L.append("")
     head = ["row", "system", "tokens/s", "step (s)", "peak GiB", "MFU", "first loss",
             "tok/s ÷ plain (≥%.1f×)" % TOK_VS_PLAIN, "tok/s ÷ compiled (≥%.1f×)" % TOK_VS_COMPILED,

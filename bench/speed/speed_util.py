@@ -185,11 +185,20 @@ def parse_trainerd(metrics, warmup, steps):
         raise ValueError("metrics.jsonl has steps %s; need 1, %d and %d (log_every must be 1)"
                          % (sorted(by_step)[:3] + ["..."] + sorted(by_step)[-2:], warmup, last))
     w, e = by_step[warmup], by_step[last]
-    dt = e["elapsed_s"] - w["elapsed_s"]
+    # Each step's time is the one its progress event reports (tokens / tokens_per_s): on CUDA the
+    # device time between the ends of consecutive steps (CUDA events). Wall-clock differences of
+    # elapsed_s would be skewed: the host learns of a step's end only when the next one is queued.
+    timed = [by_step[s] for s in range(warmup + 1, last + 1) if s in by_step]
+    if len(timed) != steps:
+        raise ValueError("metrics.jsonl lacks some of steps %d..%d (log_every must be 1)" % (warmup + 1, last))
     tokens = e["tokens"] - w["tokens"]
+    dt = 0.0
+    for prev, j in zip([w] + timed[:-1], timed):
+        if not j.get("tokens_per_s"):
+            raise ValueError("step %d has no tokens_per_s" % j["step"])
+        dt += (j["tokens"] - prev["tokens"]) / j["tokens_per_s"]
     if dt <= 0 or tokens <= 0:
         raise ValueError("no time or tokens between steps %d and %d" % (warmup, last))
-    timed = [by_step[s] for s in range(warmup + 1, last + 1) if s in by_step]
     own_mfu = [j["mfu"] for j in timed if isinstance(j.get("mfu"), (int, float))]
     return dict(first_loss=by_step[1]["loss"], step_s=dt / steps, tokens_per_s=tokens / dt,
                 mfu_self=sum(own_mfu) / len(own_mfu) if own_mfu else None,

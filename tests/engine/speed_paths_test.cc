@@ -241,7 +241,31 @@ TEST(StepReadback, ReturnsTheValuesInOrder) {
   ASSERT_EQ(v.size(), 2u);
   EXPECT_EQ(v[0], 2.5);
   EXPECT_EQ(v[1], -1.25);
-  EXPECT_FALSE(r.started());
+  EXPECT_TRUE(r.started()) << "a waited-for readback can still be timed against";
+}
+
+// The device time between two steps' ends covers the work queued between
+// them (CUDA); there is none to give on the CPU.
+TEST(StepReadback, TimesTheDeviceBetweenSteps) {
+  auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(TorchTestDevice());
+  engine::StepReadback first, second;
+  first.Start({torch::zeros({}, opts)});
+  const int64_t n = TorchTestDevice().is_cuda() ? 2048 : 64;
+  torch::Tensor m = torch::randn({n, n}, opts);
+  for (int i = 0; i < 20; ++i) m = torch::mm(m, m).div_(m.norm());
+  second.Start({m.sum()});
+  first.Wait();
+  second.Wait();
+  const std::optional<double> s = engine::StepReadback::SecondsBetween(first, second);
+  if (TorchTestDevice().is_cuda()) {
+    ASSERT_TRUE(s.has_value());
+    // 20 products of 2048^3 (17 GFLOP each): more than 10 us, less than 10 s on any GPU.
+    EXPECT_GT(*s, 1e-5);
+    EXPECT_LT(*s, 10.0);
+  } else {
+    EXPECT_FALSE(s.has_value());
+  }
+  EXPECT_FALSE(engine::StepReadback::SecondsBetween(engine::StepReadback(), second).has_value());
 }
 
 // The FLOPs formula against the Hugging Face baseline script's
