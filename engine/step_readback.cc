@@ -49,7 +49,11 @@ std::vector<double> StepReadback::Wait() {
 std::optional<double> StepReadback::SecondsBetween(const StepReadback& earlier, const StepReadback& later) {
 #ifdef TRAINERD_WITH_C10_CUDA
   if (earlier.state_ && later.state_ && earlier.state_->on_cuda && later.state_->on_cuda) {
-    return earlier.state_->done.elapsed_time(later.state_->done) / 1000.0;
+    try {
+      return earlier.state_->done.elapsed_time(later.state_->done) / 1000.0;
+    } catch (const c10::Error&) {  // an event that cannot be timed: the caller uses the host clock
+      return std::nullopt;
+    }
   }
 #else
   (void)earlier;
