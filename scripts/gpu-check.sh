@@ -2,7 +2,8 @@
 # Run on the GPU machine (see ../shared/gpu/README.md): builds against the LibTorch of the
 # machine's PyTorch with CUDA, runs the whole suite on the CPU, the parity and packing suites on
 # CUDA in float32 and bfloat16, checks that PEFT loads an adapter trainerd wrote, runs the demo
-# on the GPU, and runs it again through trainerd (GPUs found by the worker) and trainctl.
+# on the GPU, and runs it again through trainerd (GPUs found by the worker) and trainctl; the fused
+# kernels' and speed paths' tests on CUDA, and the kernels under compute-sanitizer.
 # Logs go to $OUT (or /tmp/gpu-check).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -27,6 +28,13 @@ for dtype in float32 bfloat16; do
   TRAINERD_TEST_DEVICE=cuda TRAINERD_TEST_DTYPE=$dtype \
     $b/tests/engine/packing_test 2>&1 | tee "$out/packing-cuda-$dtype.log" | grep -E 'figure|FAILED|PASSED'
 done
+echo "== the fused kernels and the speed paths on cuda (bfloat16 and float32), then under compute-sanitizer"
+TRAINERD_TEST_DEVICE=cuda $b/tests/engine/fused_ops_test > "$out/fused-ops-cuda.log" 2>&1; echo "fused_ops_test rc $?"
+for dtype in bfloat16 float32; do
+  TRAINERD_TEST_DEVICE=cuda TRAINERD_TEST_DTYPE=$dtype $b/tests/engine/speed_paths_test > "$out/speed-paths-cuda-$dtype.log" 2>&1
+  echo "speed_paths_test $dtype rc $?"
+done
+OUT=$out/sanitize bash scripts/gpu-sanitize.sh $b
 echo "== PEFT loads the adapter trainerd wrote (trained on CUDA float32, checked on CPU)"
 python3 tools/check_peft_load.py tests/fixtures/llama/model /tmp/peft-float32 2>&1 | tail -1 | tee "$out/peft-load.txt"
 echo "== demo on the GPU"; $b/bin/trainerd-worker run etc/examples/tiny-lora.yaml > "$out/demo.log" 2>&1; echo "demo rc $?"; tail -3 "$out/demo.log"
