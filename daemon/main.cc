@@ -199,7 +199,7 @@ class Daemon {
 
   void WaitForSignals() {
     signals_.async_wait([this](const boost::system::error_code& ec, int signal) {
-      if (ec) return;
+      if (ec || stopped_) return;
       if (signal == SIGHUP) {
         Reload();
       } else {
@@ -248,6 +248,10 @@ class Daemon {
     ExtendWhileStopping();
     supervisor_->Shutdown([this] {
       spdlog::debug("every worker has stopped");
+      // cancel() cannot recall a handler already queued with success: the
+      // flag keeps such a handler from arming its timer (or the signal wait)
+      // again, which would keep io_.run() from returning.
+      stopped_ = true;
       extend_timer_.cancel();
       status_timer_.cancel();
       watchdog_timer_.cancel();
@@ -261,7 +265,7 @@ class Daemon {
     notifier_.ExtendTimeout(kExtendBy);
     extend_timer_.expires_after(kExtendEvery);
     extend_timer_.async_wait([this](const boost::system::error_code& ec) {
-      if (!ec) ExtendWhileStopping();
+      if (!ec && !stopped_) ExtendWhileStopping();
     });
   }
 
@@ -272,7 +276,7 @@ class Daemon {
     // Twice per interval: the ping proves the io thread is turning.
     watchdog_timer_.expires_after(interval / 2);
     watchdog_timer_.async_wait([this](const boost::system::error_code& ec) {
-      if (!ec) StartWatchdog();
+      if (!ec && !stopped_) StartWatchdog();
     });
   }
 
@@ -280,7 +284,7 @@ class Daemon {
 
   // Progress arrives every few steps: STATUS at most every kStatusEvery.
   void UpdateStatusSoon() {
-    if (status_pending_) return;
+    if (status_pending_ || stopped_) return;
     status_pending_ = true;
     status_timer_.expires_after(kStatusEvery);
     status_timer_.async_wait([this](const boost::system::error_code& ec) {
@@ -304,6 +308,7 @@ class Daemon {
   std::unique_ptr<JobService> service_;
   std::unique_ptr<Server> server_;
   bool stopping_ = false;
+  bool stopped_ = false;  // every worker has stopped: nothing may arm a timer again
   bool status_pending_ = false;
   int state_lock_fd_ = -1;  // flock on <state_dir>/trainerd.lock, held until exit
 };
