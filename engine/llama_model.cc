@@ -219,6 +219,10 @@ LlamaModel::AttentionInputs LlamaModel::PrepareAttention(int64_t b, int64_t t, c
     in.segments = segments.defined()         ? segments
                   : position_ids.defined()   ? PackedSegmentsFromPositions(position_ids, device())
                                              : RowSegments(b, t, device());
+    if (!position_ids.defined() && !segments.defined()) {
+      in.cudnn = CudnnAttentionModeFor(device(), dtype(), config_.num_attention_heads,
+                                       config_.num_key_value_heads, config_.head_dim);
+    }
     in.positions = position_ids.defined()
                        ? position_ids.reshape({-1})
                        : torch::arange(t, torch::TensorOptions().dtype(torch::kInt64).device(device())).repeat({b});
@@ -261,6 +265,12 @@ torch::Tensor LlamaModel::Attention(const DecoderLayer& layer, const torch::Tens
     } else {
       q = FusedRope(q, in.positions, inv_freq_);
       k = FusedRope(k, in.positions, inv_freq_);
+    }
+    if (in.cudnn != CudnnAttentionMode::kUnavailable) {
+      // Rows of (B, T, heads, d) seen as (B, heads, T, d): no copies.
+      auto rows = [&](const torch::Tensor& x, int64_t heads) { return x.view({b, t, heads, d}).transpose(1, 2); };
+      torch::Tensor o = CudnnCausalAttention(rows(q, nh), rows(k, nkv), rows(v, nkv), in.cudnn);  // (B, nh, T, d)
+      return ForwardShared({&layer.o_proj}, o.transpose(1, 2).reshape({b, t, nh * d}), training_)[0];
     }
     torch::Tensor o = VarlenCausalAttention(q, k, v, in.segments);  // (B*T, nh, d)
     return ForwardShared({&layer.o_proj}, o.view({b, t, nh * d}), training_)[0];

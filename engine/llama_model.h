@@ -10,10 +10,12 @@
 // restart at 0 at every example: rotary positions follow them and attention
 // stays inside each example (a position attends to earlier positions of the
 // same run of positions), so a packed example computes exactly what it would
-// alone. How: on CUDA in bf16/fp16 with LibTorch 2.x, every batch (packed or
-// not) runs variable-length flash attention over its segments
-// (PackedSegments, UsesVarlenAttention), grouped heads without copies; else
-// SDPA, with a dense (B, 1, T, T) mask for packed rows (PackedAttentionMask).
+// alone. How: on CUDA in bf16/fp16 with LibTorch 2.x, packed batches run
+// variable-length flash attention over their segments (PackedSegments,
+// UsesVarlenAttention), grouped heads without copies, and unpacked batches
+// run cuDNN's fused attention by rows where it is available
+// (engine/cudnn_attention.h), else the same flash path; elsewhere SDPA, with
+// a dense (B, 1, T, T) mask for packed rows (PackedAttentionMask).
 //
 // Speed (bench/speed): RMSNorm, rotary and SwiGLU run as fused CUDA kernels
 // where built (engine/fused_ops.h), the projections that share an input run as
@@ -30,6 +32,7 @@
 #include <torch/torch.h>
 
 #include "common/status.h"
+#include "engine/cudnn_attention.h"
 #include "engine/linear.h"
 #include "engine/model_config.h"
 
@@ -117,6 +120,9 @@ class LlamaModel {
     // (N, heads, d) with N = B*T; `positions` (N) int64 are the rotary positions.
     PackedSegments segments;
     torch::Tensor positions;
+    // Unpacked batches (one segment per row) where cuDNN's kernel runs
+    // (engine/cudnn_attention.h): attention by rows through it instead of flash.
+    CudnnAttentionMode cudnn = CudnnAttentionMode::kUnavailable;
     // Rotary tables in the model dtype, (N, 1, d) on the variable-length path
     // (undefined there when the fused rotary kernel applies them) or
     // (B or 1, 1, T, d) on the dense path.

@@ -3,7 +3,11 @@
 # built) under compute-sanitizer on the GPU machine:
 #   memcheck   out-of-bounds and misaligned accesses, errors of CUDA calls;
 #   racecheck  shared-memory hazards (the RMSNorm block reductions, the
-#              partial-row sum of dweight, RoPE's shared cos/sin table);
+#              partial-row sum of dweight, RoPE's shared cos/sin table), in
+#              trainerd's kernels only: PyTorch's float64 reductions that the
+#              tests' references run report hazards of their own (12 in
+#              at::native::reduce_kernel on an H200 with LibTorch 2.11) that
+#              are not this project's to fix;
 #   synccheck  barriers reached by part of a block.
 # PyTorch's caching allocator is turned off so that every tensor is its own
 # allocation and memcheck sees an access past its end; the tests run their
@@ -23,7 +27,9 @@ if [ ! -x "$cs" ]; then echo "gpu-sanitize: compute-sanitizer not found (PATH or
 export PYTORCH_NO_CUDA_MEMORY_CACHING=1 TRAINERD_FUSED_TEST_QUICK=1
 summary="" failed=0
 for tool in memcheck racecheck synccheck; do
-  "$cs" --tool "$tool" --error-exitcode 1 "$bin" --gtest_filter='FusedOpsCudaTest.*' > "$out/$tool.log" 2>&1
+  only=()
+  [ "$tool" = racecheck ] && only=(--kernel-name kns=trainerd)
+  "$cs" --tool "$tool" "${only[@]}" --error-exitcode 1 "$bin" --gtest_filter='FusedOpsCudaTest.*' > "$out/$tool.log" 2>&1
   rc=$?
   # The tool's own verdict ("ERROR SUMMARY: n errors"; racecheck: "n hazards").
   verdict=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/$tool.log" | tail -1 | sed 's/^=* *//')

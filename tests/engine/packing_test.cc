@@ -1,10 +1,12 @@
 // Packing: a packed batch computes exactly the losses of its examples
 // unpacked (issue bound: 1e-5 relative, fp32 CPU). On CUDA in bf16 packed
-// attention is variable-length flash attention (TRAINERD_TEST_DEVICE=cuda
-// runs those tests; elsewhere they skip, saying why).
+// attention is variable-length flash attention, and unpacked rows run cuDNN's
+// kernel (TRAINERD_TEST_DEVICE=cuda runs those tests; elsewhere they skip,
+// saying why).
 #include <torch/version.h>
 
 #include "engine/batch.h"
+#include "engine/cudnn_attention.h"
 #include "engine/llama_model.h"
 #include "engine/lora.h"
 #include "engine/model_config.h"
@@ -197,6 +199,52 @@ TEST(VarlenAttention, MatchesTheDenseMaskInBfloat16) {
   EXPECT_LE(Report("varlen dq rel err (bf16)", RelativeError(qb.grad(), q.grad())), 3e-2);
   EXPECT_LE(Report("varlen dk rel err (bf16)", RelativeError(kb.grad(), k.grad())), 3e-2);
   EXPECT_LE(Report("varlen dv rel err (bf16)", RelativeError(vb.grad(), v.grad())), 3e-2);
+}
+
+TEST(CudnnAttention, NotOnCpuOrInFloat32) {
+  EXPECT_EQ(engine::CudnnAttentionModeFor(torch::kCPU, torch::kBFloat16, 4, 2, 64),
+            engine::CudnnAttentionMode::kUnavailable);
+  // Decided before any CUDA call: the fallback (flash) has no fp32 kernel.
+  EXPECT_EQ(engine::CudnnAttentionModeFor(torch::Device("cuda:0"), torch::kFloat32, 4, 2, 64),
+            engine::CudnnAttentionMode::kUnavailable);
+}
+
+// cuDNN's kernel by rows, in the layout the model passes (transposed views of
+// (B, T, heads, d)), against the explicit causal softmax in float32: output
+// and q/k/v gradients, grouped heads. The unpacked model path (parity tests,
+// the unpacked side of VarlenPackingTest) runs through it on CUDA.
+TEST(CudnnAttention, MatchesTheExplicitCausalAttentionInBfloat16) {
+  SKIP_UNLESS_CUDA_VARLEN();
+  const torch::Device dev = TorchTestDevice();
+  const int64_t b = 2, t = 40, nh = 8, nkv = 2, d = 64;
+  const engine::CudnnAttentionMode mode = engine::CudnnAttentionModeFor(dev, torch::kBFloat16, nh, nkv, d);
+  std::printf("[  figure  ] cuDNN attention mode: %s\n",
+              mode == engine::CudnnAttentionMode::kNative     ? "native grouped heads"
+              : mode == engine::CudnnAttentionMode::kRepeated ? "repeated kv heads"
+                                                              : "unavailable");
+  ASSERT_NE(mode, engine::CudnnAttentionMode::kUnavailable)
+      << "cuDNN attention should run with LibTorch " TORCH_VERSION " on this GPU";
+  torch::manual_seed(4);
+  auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(dev);
+  torch::Tensor q0 = torch::randn({b, t, nh, d}, f32), k0 = torch::randn({b, t, nkv, d}, f32);
+  torch::Tensor v0 = torch::randn({b, t, nkv, d}, f32), w = torch::randn({b, nh, t, d}, f32);
+
+  torch::Tensor q = q0.transpose(1, 2).contiguous().requires_grad_(true);
+  torch::Tensor k = k0.transpose(1, 2).contiguous().requires_grad_(true);
+  torch::Tensor v = v0.transpose(1, 2).contiguous().requires_grad_(true);
+  torch::Tensor ref = engine::CausalAttentionExplicit(q, k, v);  // (B, nh, T, d)
+  (ref * w).sum().backward();
+
+  torch::Tensor qb = q0.to(torch::kBFloat16).requires_grad_(true), kb = k0.to(torch::kBFloat16).requires_grad_(true);
+  torch::Tensor vb = v0.to(torch::kBFloat16).requires_grad_(true);
+  torch::Tensor out = engine::CudnnCausalAttention(qb.transpose(1, 2), kb.transpose(1, 2), vb.transpose(1, 2), mode);
+  ASSERT_EQ(out.sizes(), (std::vector<int64_t>{b, nh, t, d}));
+  (out.to(torch::kFloat32) * w).sum().backward();
+
+  EXPECT_LE(Report("cuDNN vs explicit attention rel err (bf16)", RelativeError(out, ref)), 2e-2);
+  EXPECT_LE(Report("cuDNN dq rel err (bf16)", RelativeError(qb.grad().transpose(1, 2), q.grad())), 3e-2);
+  EXPECT_LE(Report("cuDNN dk rel err (bf16)", RelativeError(kb.grad().transpose(1, 2), k.grad())), 3e-2);
+  EXPECT_LE(Report("cuDNN dv rel err (bf16)", RelativeError(vb.grad().transpose(1, 2), v.grad())), 3e-2);
 }
 
 // A packed batch's loss and gradients (LoRA A/B and base attention weights)
