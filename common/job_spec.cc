@@ -183,6 +183,8 @@ const std::vector<Field>& Fields() {
        }},
       {"training.gradient_checkpointing",
        [](const Value& v, JobSpec* s) { return SetBool(v, &s->training.gradient_checkpointing); }},
+      {"training.gradient_checkpointing_layers",
+       [](const Value& v, JobSpec* s) { return SetInt(v, 1, &s->training.gradient_checkpointing_layers); }},
       {"training.gradient_accumulation_steps",
        [](const Value& v, JobSpec* s) {
          return SetInt(v, 1, &s->training.gradient_accumulation_steps);
@@ -384,6 +386,11 @@ class SpecParser {
     if (spec_.data.chat_template != "auto" && spec_.data.format != "chat" && spec_.data.format != "auto") {
       return Conflict("data.chat_template", "only applies to chat data; set data.format to chat or auto, or "
                       "remove data.chat_template");
+    }
+    if (spec_.training.gradient_checkpointing_layers > 0 && !spec_.training.gradient_checkpointing) {
+      return Conflict("training.gradient_checkpointing_layers", "says how many layers to recompute, but "
+                      "training.gradient_checkpointing is off; set it to true, or remove "
+                      "training.gradient_checkpointing_layers");
     }
     if (spec_.output.merge && !spec_.adapter) {
       return Conflict("output.merge", "merges an adapter into the model, but the job has no adapter (full "

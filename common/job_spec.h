@@ -98,6 +98,10 @@ struct JobSpec {
     // Recompute each decoder layer's activations in the backward pass instead
     // of keeping them (engine/activation_checkpoint.h): less memory, ~1/3 more work.
     bool gradient_checkpointing = false;
+    // With gradient_checkpointing: recompute only the first N decoder layers
+    // and keep the rest's activations (more speed for the memory there is);
+    // 0 = every layer. Checked against the model's layer count when it loads.
+    int64_t gradient_checkpointing_layers = 0;
     int64_t gradient_accumulation_steps = 1;      // >= 1
     double learning_rate = 2e-4;                  // > 0; peak, after warmup
     std::string lr_scheduler = "linear";          // constant | linear | cosine

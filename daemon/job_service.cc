@@ -122,6 +122,7 @@ std::string SpecToJson(const JobSpec& spec) {
                                             ? nlohmann::ordered_json("auto")
                                             : nlohmann::ordered_json(spec.training.micro_batch_size)},
                    {"gradient_checkpointing", spec.training.gradient_checkpointing},
+                   {"gradient_checkpointing_layers", spec.training.gradient_checkpointing_layers},
                    {"gradient_accumulation_steps", spec.training.gradient_accumulation_steps},
                    {"learning_rate", spec.training.learning_rate},
                    {"lr_scheduler", spec.training.lr_scheduler},

@@ -108,6 +108,13 @@ StatusOr<LoadedModel> LoadModel(const JobSpec& spec, const Placement& place) {
                          " is shorter than data.max_seq_len " + std::to_string(spec.data.max_seq_len) +
                          "; sliding-window attention is not supported: lower data.max_seq_len to at most the window");
   }
+  if (spec.training.gradient_checkpointing_layers > m.config.num_hidden_layers) {
+    return Status::Error(spec.source + ": training.gradient_checkpointing_layers " +
+                         std::to_string(spec.training.gradient_checkpointing_layers) + " is more than the " +
+                         std::to_string(m.config.num_hidden_layers) + " decoder layers of " + spec.model.path +
+                         " (config.json num_hidden_layers); use at most " +
+                         std::to_string(m.config.num_hidden_layers) + ", or remove it to recompute every layer");
+  }
   TRAINERD_ASSIGN_OR_RETURN(auto weights, LoadModelWeights(spec.model.path, place.dtype, place.device));
   TRAINERD_ASSIGN_OR_RETURN(m.model, LlamaModel::FromWeights(m.config, std::move(weights), spec.model.path));
   if (spec.adapter) {
@@ -210,7 +217,8 @@ StatusOr<RunResult> RunFinetune(const JobSpec& spec, const RunOptions& options, 
     trainable = m.model->NamedWeights();
     for (auto& [_, t] : trainable) t.set_requires_grad(true);
   }
-  m.model->set_gradient_checkpointing(spec.training.gradient_checkpointing);
+  m.model->set_gradient_checkpointing(spec.training.gradient_checkpointing,
+                                      spec.training.gradient_checkpointing_layers);
   JobSpec run_spec = spec;  // with micro_batch_size resolved when it is auto
   if (spec.training.micro_batch_size_auto) {
     TRAINERD_ASSIGN_OR_RETURN(run_spec.training.micro_batch_size,

@@ -304,8 +304,9 @@ torch::Tensor LlamaModel::Hidden(const torch::Tensor& input_ids, const torch::Te
   torch::Tensor h = torch::embedding(embed_tokens_, input_ids);  // (B, T, H)
   const AttentionInputs in = PrepareAttention(b, t, position_ids, segments);
   const bool recompute = gradient_checkpointing_ && training_ && torch::GradMode::is_enabled();
+  const auto recomputed = static_cast<size_t>(checkpointed_layers());
   for (size_t i = 0; i < layers_.size(); ++i) {
-    h = recompute ? CheckpointedLayer(*this, i, h, in) : LayerForward(i, h, in);
+    h = recompute && i < recomputed ? CheckpointedLayer(*this, i, h, in) : LayerForward(i, h, in);
   }
   return FusedRmsNorm(h, norm_, config_.rms_norm_eps);
 }

@@ -108,11 +108,20 @@ class LlamaModel {
   void set_training(bool training) { training_ = training; }
   bool training() const { return training_; }
 
-  // Activation checkpointing: when on (and training with gradients), each
-  // decoder layer keeps only its input for the backward pass and runs its
-  // forward again there (engine/activation_checkpoint.h).
-  void set_gradient_checkpointing(bool on) { gradient_checkpointing_ = on; }
+  // Activation checkpointing: when on (and training with gradients), each of
+  // the first `layers` decoder layers (0: all of them) keeps only its input
+  // for the backward pass and runs its forward again there
+  // (engine/activation_checkpoint.h); the later layers keep their activations.
+  void set_gradient_checkpointing(bool on, int64_t layers = 0) {
+    gradient_checkpointing_ = on;
+    checkpointed_layers_ = layers;
+  }
   bool gradient_checkpointing() const { return gradient_checkpointing_; }
+  // How many layers recompute when checkpointing is on.
+  int64_t checkpointed_layers() const {
+    const auto all = static_cast<int64_t>(layers_.size());
+    return checkpointed_layers_ > 0 && checkpointed_layers_ < all ? checkpointed_layers_ : all;
+  }
 
   // What every layer's attention needs, prepared once per forward pass.
   struct AttentionInputs {
@@ -155,6 +164,7 @@ class LlamaModel {
   torch::Tensor inv_freq_;  // (d/2) float32, rope scaling applied
   bool training_ = false;
   bool gradient_checkpointing_ = false;
+  int64_t checkpointed_layers_ = 0;  // 0: every layer
 };
 
 // RMSNorm as transformers: normalise in float32, cast back, then scale (the

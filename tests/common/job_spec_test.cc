@@ -539,6 +539,20 @@ TEST(JobSpecTest, MicroBatchSizeAutoAndGradientCheckpointing) {
               {"job.yaml:5:", "training.micro_batch_size", "expected an integer >= 1 or auto"});
 }
 
+TEST(JobSpecTest, GradientCheckpointingLayers) {
+  const StatusOr<JobSpec> spec = Parse(std::string(kMinimal) +
+                                       "training: {gradient_checkpointing: true, gradient_checkpointing_layers: 20}\n");
+  ASSERT_TRUE(spec.ok()) << spec.status().message();
+  EXPECT_EQ(spec->training.gradient_checkpointing_layers, 20);
+  const StatusOr<JobSpec> all = Parse(std::string(kMinimal) + "training: {gradient_checkpointing: true}\n");
+  ASSERT_TRUE(all.ok()) << all.status().message();
+  EXPECT_EQ(all->training.gradient_checkpointing_layers, 0);
+  ExpectError(std::string(kMinimal) + "training:\n  gradient_checkpointing_layers: 4\n",
+              {"job.yaml:5:", "training.gradient_checkpointing_layers", "gradient_checkpointing is off"});
+  ExpectError(std::string(kMinimal) + "training:\n  gradient_checkpointing: true\n  gradient_checkpointing_layers: 0\n",
+              {"job.yaml:6:", "training.gradient_checkpointing_layers"});
+}
+
 TEST(JobSpecTest, DuplicateKey) {
   ExpectError(std::string(kMinimal) + "training:\n  seed: 1\n  epochs: 2\n  seed: 2\n",
               {"job.yaml:7:", "duplicate key 'training.seed'", "first set on line 5"});

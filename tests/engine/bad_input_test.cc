@@ -156,6 +156,19 @@ TEST_F(BadInputTest, AdapterInitThatIsNotAnAdapter) {
   EXPECT_HAS(result.status().message(), "adapter_config.json");
 }
 
+TEST_F(BadInputTest, MoreCheckpointedLayersThanTheModelHas) {
+  const int64_t layers = Config()["num_hidden_layers"].get<int64_t>();
+  std::string job = Job();
+  job.replace(job.find("training:\n"), 10,
+              "training:\n  gradient_checkpointing: true\n  gradient_checkpointing_layers: " +
+                  std::to_string(layers + 1) + "\n");
+  RecordingReporter reporter;
+  auto result = engine::RunJob(SpecFromYaml(job, tmp_.path()), {}, reporter);
+  ASSERT_FALSE(result.ok());
+  EXPECT_HAS(result.status().message(), "training.gradient_checkpointing_layers " + std::to_string(layers + 1));
+  EXPECT_HAS(result.status().message(), "use at most " + std::to_string(layers));
+}
+
 TEST_F(BadInputTest, CudaRequestedWithoutAGpu) {
   if (torch::cuda::is_available()) GTEST_SKIP() << "a GPU is present";
   std::string job = Job();

@@ -97,9 +97,11 @@ TEST(LinearCrossEntropy, MatchesPlainCrossEntropyInEveryChunking) {
 }
 
 // Checkpointed layers give the loss and adapter gradients of the plain pass,
-// with LoRA dropout on (the second run must draw the same mask).
+// with LoRA dropout on (the second run must draw the same mask), whether every
+// layer recomputes or only the first (gradient_checkpointing_layers: 1).
 TEST(ActivationCheckpointing, SameLossAndGradientsWithDropout) {
-  for (double dropout : {0.0, 0.3}) {
+  for (auto [dropout, layers] : {std::pair<double, int64_t>{0.0, 0}, {0.3, 0}, {0.3, 1}}) {
+    SCOPED_TRACE("checkpointed layers " + std::to_string(layers) + " (0: all)");
     auto model = FixtureModel(dropout);
     model->set_training(true);
     std::vector<engine::TokenExample> storage;
@@ -111,7 +113,9 @@ TEST(ActivationCheckpointing, SameLossAndGradientsWithDropout) {
     std::vector<torch::Tensor> plain_grads = Gradients(*model);
     ZeroGradients(*model);
 
-    model->set_gradient_checkpointing(true);
+    model->set_gradient_checkpointing(true, layers);
+    ASSERT_GE(model->layers().size(), 2u);
+    EXPECT_EQ(model->checkpointed_layers(), layers == 0 ? static_cast<int64_t>(model->layers().size()) : layers);
     torch::manual_seed(21);
     torch::Tensor ckpt = engine::CausalLmLossSum(*model, batch);
     ckpt.backward();
