@@ -38,6 +38,7 @@ torch::Tensor LoadTensor(AutogradContext* ctx, const char* key) {
 void SaveInputs(AutogradContext* ctx, const LlamaModel::AttentionInputs& in) {
   SaveTensor(ctx, "cu_seqlens", in.segments.cu_seqlens);
   ctx->saved_data["max_len"] = in.segments.max_len;
+  ctx->saved_data["cudnn"] = static_cast<int64_t>(in.cudnn);
   SaveTensor(ctx, "positions", in.positions);
   SaveTensor(ctx, "cos", in.cos);
   SaveTensor(ctx, "sin", in.sin);
@@ -48,6 +49,7 @@ LlamaModel::AttentionInputs LoadInputs(AutogradContext* ctx) {
   LlamaModel::AttentionInputs in;
   in.segments.cu_seqlens = LoadTensor(ctx, "cu_seqlens");
   in.segments.max_len = ctx->saved_data["max_len"].toInt();
+  in.cudnn = static_cast<CudnnAttentionMode>(ctx->saved_data["cudnn"].toInt());
   in.positions = LoadTensor(ctx, "positions");
   in.cos = LoadTensor(ctx, "cos");
   in.sin = LoadTensor(ctx, "sin");
