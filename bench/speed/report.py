@@ -128,9 +128,10 @@ def render(versions, ceiling, results):
         L.append("- bf16 matmul ceiling: not measured (MFU missing)")
     any_r = next(iter(results.values()), {})
     L.append("- method: identical random weights and token ids on every system; %s untimed + %s timed steps of one "
-             "micro-batch; LoRA r 16, alpha 32, all seven projections, bf16, AdamW; MFU = tokens/s × the reference's "
+             "micro-batch; LoRA r %s, alpha %s, all seven projections, bf16, AdamW; MFU = tokens/s × the reference's "
              "lora_flops_per_token / the ceiling above; trainerd's step time is the device time between step ends "
-             "(CUDA events), the reference's the wall time of its timed loop; both peaks are reset after loading" % (any_r.get("warmup", 3), any_r.get("steps", 10)))
+             "(CUDA events), the reference's the wall time of its timed loop; both peaks are reset after loading" % (any_r.get("warmup", 3), any_r.get("steps", 10),
+                                                      any_r.get("lora_r", 16), any_r.get("lora_alpha", 32)))
     L.append("")
     head = ["row", "system", "tokens/s", "step (s)", "peak GiB", "MFU", "first loss",
             "tok/s ÷ plain (≥%.1f×)" % TOK_VS_PLAIN, "tok/s ÷ compiled (≥%.1f×)" % TOK_VS_COMPILED,

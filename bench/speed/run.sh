@@ -7,7 +7,11 @@
 #   KEEP=1 bash bench/speed/run.sh      # continue a run cut short, on the same warm machine
 #
 # Environment (all optional):
-#   ROWS="1b 8b 8b-ckpt"                 rows to run (below)
+#   ROWS="1b 8b 8b-ckpt"                 rows to run (below); "custom" is the row of the CUSTOM_* variables
+#   CUSTOM_SHAPE=llama3-8b               the custom row's base shape (a key of hf_peft_baseline.py's SHAPES)
+#   CUSTOM_CONFIG='{"num_attention_heads": 16}'  config.json keys over the base shape (JSON; default none)
+#   CUSTOM_MB=4 CUSTOM_SEQ=2048 CUSTOM_CKPT=0    its micro-batch, sequence length, activation checkpointing
+#   LORA_R=16 LORA_ALPHA=2*LORA_R        the LoRA rank and alpha of every row, on both sides
 #   SYSTEMS="trainerd hf hf-compile"     systems to run on each row
 #   WORK_DIR=/tmp/trainerd-speed         model folders, token files, jobs, logs; results in $WORK_DIR/results
 #   KEEP=1                               keep the good results already there, run only what is missing or failed
@@ -35,6 +39,8 @@ keep=${KEEP:-0}
 budget=${BUDGET_S:-0}
 run_timeout=${RUN_TIMEOUT_S:-0}
 extra_all=${TRAINERD_EXTRA_YAML:-}
+lora_r=${LORA_R:-16}
+lora_alpha=${LORA_ALPHA:-}
 out=${OUT:-}
 export PYTHONUNBUFFERED=1
 
@@ -44,17 +50,25 @@ mkdir -p "$work/models" "$work/runs" "$results" || { echo "error: cannot create 
 say() { echo "[$(date -u +%H:%M:%S) +${SECONDS}s] $*"; }
 fail() { echo "ERROR: $*"; }
 
-# One row of the table: sets shape, mb (micro-batch), seq, ckpt (activation checkpointing) and
+# One row of the table: sets shape (a SHAPES key), shape_config (JSON over it, or empty), model_name
+# (its folder under $work/models), mb (micro-batch), seq, ckpt (activation checkpointing) and
 # TRAINERD_EXTRA_YAML (keys added under trainerd's training: section, one "key: value" a line).
 row_def() {
-  TRAINERD_EXTRA_YAML=
+  TRAINERD_EXTRA_YAML= shape_config=
   case $1 in
     1b) shape=llama3-1b mb=8 seq=2048 ckpt=0 ;;
     8b) shape=llama3-8b mb=4 seq=2048 ckpt=0 ;;
     8b-ckpt) shape=llama3-8b mb=8 seq=2048 ckpt=1
       TRAINERD_EXTRA_YAML='gradient_checkpointing: true' ;;
+    custom) shape=${CUSTOM_SHAPE:-llama3-8b} mb=${CUSTOM_MB:-4} seq=${CUSTOM_SEQ:-2048} ckpt=${CUSTOM_CKPT:-0}
+      shape_config=${CUSTOM_CONFIG:-}
+      [ "$ckpt" = 1 ] && TRAINERD_EXTRA_YAML='gradient_checkpointing: true' ;;
     *) return 1 ;;
   esac
+  model_name=$shape
+  # A shape with overrides gets a folder of its own, named by them.
+  [ -n "$shape_config" ] && model_name=$shape-$(printf '%s' "$shape_config" | md5sum | cut -c1-8)
+  return 0
 }
 
 # Rough seconds each part takes on an H200 (for BUDGET_S; measured parts of a first run).
@@ -83,7 +97,10 @@ report() {  # the bundle and the table, after every result: what is under $OUT i
     { fail "report.py failed:"; cat "$work/report.err"; }
 }
 
-for r in $rows; do row_def "$r" || { fail "unknown row '$r' (rows: 1b 8b 8b-ckpt)"; exit 2; }; done
+for r in $rows; do row_def "$r" || { fail "unknown row '$r' (rows: 1b 8b 8b-ckpt custom)"; exit 2; }; done
+case "$lora_r" in '' | *[!0-9]*) fail "LORA_R must be a whole number, got '$lora_r'"; exit 2 ;; esac
+[ -n "$lora_alpha" ] || lora_alpha=$((2 * lora_r))
+case "$lora_alpha" in *[!0-9]*) fail "LORA_ALPHA must be a whole number, got '$lora_alpha'"; exit 2 ;; esac
 for s in $systems; do
   case $s in trainerd | hf | hf-compile) ;; *) fail "unknown system '$s' (systems: trainerd hf hf-compile)"; exit 2 ;; esac
 done
@@ -91,7 +108,7 @@ done
 # The run itself (not indented: it holds a here-document); its output also goes to run.log (the end).
 main() {
 # What is left to do, so that a continued run builds and writes only what it needs.
-todo=() need_trainerd=0 need_1b=0 need_8b=0
+todo=() need_trainerd=0 models=()
 for r in $rows; do
   row_def "$r"
   for s in $systems; do
@@ -102,7 +119,7 @@ for r in $rows; do
     rm -f "$(result_file "$r" "$s")"
     todo+=("$r:$s")
     [ "$s" = trainerd ] && need_trainerd=1
-    case $shape in llama3-1b) need_1b=1 ;; llama3-8b) need_8b=1 ;; esac
+    [[ " ${models[*]} " == *" $model_name "* ]] || models+=("$model_name")
   done
 done
 say "to run: ${todo[*]:-nothing}"
@@ -171,26 +188,31 @@ fi
 
 # --- model folders (random weights, HF format), written once per work dir --------------------------
 model_ok() { [ -f "$work/models/$1/config.json" ]; }
-ensure_model() {
-  local s=$1 d=$work/models/$1 start=$SECONDS
-  model_ok "$s" && return 0
-  fits "$(estimate "save:$s")" || { say "skipped writing $s: BUDGET_S"; return 1; }
+ensure_model() {  # folder name: a SHAPES key, or one with overrides (the custom row)
+  local name=$1 d=$work/models/$1 start=$SECONDS s saver r
+  model_ok "$name" && return 0
+  for r in $rows; do row_def "$r"; [ "$model_name" = "$name" ] && break; done
+  s=$shape
+  fits "$(estimate "save:$s")" || { say "skipped writing $name: BUDGET_S"; return 1; }
   local avail
   avail=$(df -Pk "$work" | awk 'NR == 2 {print int($4 / 1048576)}')
-  say "writing random weights of $s to $d (${avail:-?} GiB free)"
+  say "writing random weights of $s${shape_config:+ with $shape_config} to $d (${avail:-?} GiB free)"
   rm -rf "$d.tmp"
-  if python3 "$here/hf_peft_baseline.py" --shape "$s" --save-model "$d.tmp" > "$work/save-$s.log" 2>&1 &&
-     mv "$d.tmp" "$d"; then
+  if [ -n "$shape_config" ]; then
+    saver=(python3 "$here/speed_util.py" save-model --shape "$s" --config "$shape_config" --out "$d.tmp")
+  else
+    saver=(python3 "$here/hf_peft_baseline.py" --shape "$s" --save-model "$d.tmp")
+  fi
+  if "${saver[@]}" > "$work/save-$name.log" 2>&1 && mv "$d.tmp" "$d"; then
     say "wrote $s in $((SECONDS - start)) s ($(du -sh "$d" | cut -f1))"
   else
-    tail -5 "$work/save-$s.log"
-    fail "writing the $s folder failed (log: $work/save-$s.log); its rows are skipped"
+    tail -5 "$work/save-$name.log"
+    fail "writing the $name folder failed (log: $work/save-$name.log); its rows are skipped"
     rm -rf "$d.tmp"
     return 1
   fi
 }
-[ "$need_1b" = 1 ] && ensure_model llama3-1b
-[ "$need_8b" = 1 ] && ensure_model llama3-8b
+for m in "${models[@]}"; do ensure_model "$m"; done
 
 # --- the measurements ---------------------------------------------------------------------------
 run_timed() {  # log, command...: runs it under RUN_TIMEOUT_S, sets rc and wall
@@ -217,8 +239,8 @@ model:
   path: "$2"
   dtype: bfloat16
 adapter:
-  r: 16
-  alpha: 32
+  r: $lora_r
+  alpha: $lora_alpha
   dropout: 0.0
   target_modules: all-linear
 data:
@@ -247,14 +269,14 @@ EOF
 skipped=() failed=()
 for r in $rows; do
   row_def "$r"
-  model=$work/models/$shape
+  model=$work/models/$model_name
   tokens=$work/tokens-${mb}x${seq}.jsonl
   [ -f "$tokens" ] || python3 "$here/speed_util.py" tokens --micro-batch "$mb" --seq "$seq" --out "$tokens" ||
     { fail "could not write $tokens; row $r skipped"; continue; }
   for s in $systems; do
     [[ " ${todo[*]} " == *" $r:$s "* ]] || continue
-    if ! model_ok "$shape"; then
-      fail "row $r, $s: no $shape folder; skipped"
+    if ! model_ok "$model_name"; then
+      fail "row $r, $s: no $model_name folder; skipped"
       skipped+=("$r:$s")
       continue
     fi
@@ -277,12 +299,14 @@ for r in $rows; do
         metrics=$base.out/metrics.jsonl
       fi
     else
-      args=(--model-dir "$model" --micro-batch "$mb" --seq "$seq" --tokens "$tokens" --warmup "$warmup" --steps "$steps")
+      args=(--model-dir "$model" --micro-batch "$mb" --seq "$seq" --tokens "$tokens" --warmup "$warmup" --steps "$steps"
+            --rank "$lora_r" --alpha "$lora_alpha")
       [ "$ckpt" = 1 ] && args+=(--grad-ckpt)
       [ "$s" = hf-compile ] && args+=(--compile)
       run_timed "$base.log" python3 "$here/hf_peft_baseline.py" "${args[@]}"
     fi
-    python3 "$here/speed_util.py" result "$s" --row "$r" --shape "$shape" --micro-batch "$mb" --seq "$seq" \
+    python3 "$here/speed_util.py" result "$s" --row "$r" --shape "$model_name" --micro-batch "$mb" --seq "$seq" \
+      --lora-r "$lora_r" --lora-alpha "$lora_alpha" \
       --grad-ckpt "$ckpt" --warmup "$warmup" --steps "$steps" --model-dir "$model" ${metrics:+--metrics "$metrics"} \
       --log "$base.log" --rc "$rc" --wall-s "$wall" --ceiling "$results/ceiling.json" \
       --versions "$results/versions.json" --out "$(result_file "$r" "$s")" ||

@@ -132,6 +132,26 @@ def cmd_tokens(a):
     os.replace(tmp, a.out)
 
 
+def cmd_save_model(a):
+    """Random weights of a SHAPES entry with config.json keys overridden (the custom row), written the
+    way the reference's --save-model writes its shapes (same config defaults, seed and dtype)."""
+    import torch
+    sys.path.insert(0, HERE)
+    from hf_peft_baseline import SHAPES
+    from transformers import LlamaConfig, LlamaForCausalLM
+    overrides = json.loads(a.config)
+    if not isinstance(overrides, dict):
+        raise SystemExit("--config: expected a JSON object of config.json keys, got %r" % a.config)
+    keys = dict(max_position_embeddings=8192, rope_theta=500000.0, **SHAPES[a.shape])
+    keys.update(overrides)
+    torch.manual_seed(0)
+    cfg = LlamaConfig(**keys)
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+        model = LlamaForCausalLM(cfg).to(torch.bfloat16)
+    model.save_pretrained(a.out, safe_serialization=True)
+    print(json.dumps({"saved": a.out, "config": keys}))
+
+
 def model_cfg(model_dir):
     with open(os.path.join(model_dir, "config.json")) as f:
         return SimpleNamespace(**json.load(f))
@@ -219,6 +239,7 @@ def parse_hf(log):
 
 def cmd_result(a):
     r = dict(row=a.row, system=a.system, shape=a.shape, micro_batch=a.micro_batch, seq=a.seq,
+             lora_r=a.lora_r, lora_alpha=a.lora_alpha,
              grad_ckpt=bool(a.grad_ckpt), warmup=a.warmup, steps=a.steps, rc=a.rc, wall_s=a.wall_s,
              log=a.log, date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     v = read_json(a.versions) if a.versions else None
@@ -302,6 +323,8 @@ def main():
     p.add_argument("--micro-batch", type=int, required=True)
     p.add_argument("--seq", type=int, required=True)
     p.add_argument("--grad-ckpt", type=int, default=0)
+    p.add_argument("--lora-r", type=int, default=16)
+    p.add_argument("--lora-alpha", type=int, default=32)
     p.add_argument("--warmup", type=int, required=True)
     p.add_argument("--steps", type=int, required=True)
     p.add_argument("--model-dir", required=True)
@@ -312,6 +335,10 @@ def main():
     p.add_argument("--ceiling")
     p.add_argument("--versions")
     p.add_argument("--out", required=True)
+    p = sub.add_parser("save-model")
+    p.add_argument("--shape", required=True)
+    p.add_argument("--config", required=True, help="JSON object of config.json keys over the shape")
+    p.add_argument("--out", required=True)
     p = sub.add_parser("ok")
     p.add_argument("file")
     p = sub.add_parser("bundle")
@@ -319,6 +346,7 @@ def main():
     p.add_argument("--out", required=True)
     a = ap.parse_args()
     return {"versions": cmd_versions, "ceiling": cmd_ceiling, "tokens": cmd_tokens, "result": cmd_result,
+            "save-model": cmd_save_model,
             "ok": cmd_ok, "bundle": cmd_bundle}[a.cmd](a) or 0
 
 
