@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
-# Copied unchanged from shared/gpu/hf_peft_baseline.py beside the repository (../shared/gpu/ from its root; measured in its README.md), so that
-# bench/speed/run.sh has it on the GPU machine; only these two comment lines were added. Edit nothing else here.
+# Copied from shared/gpu/hf_peft_baseline.py beside the repository (../shared/gpu/ from its root; measured in its README.md), so that
+# bench/speed/run.sh has it on the GPU machine. One change besides these comment lines: model.train() after
+# from_pretrained (--model-dir), which returns the model in eval mode, where transformers skips gradient
+# checkpointing: --grad-ckpt then ran out of memory (8b-ckpt row: 137 GiB). Edit nothing else here.
 """Reference LoRA fine-tuning throughput with Hugging Face transformers + PEFT (the tools most users
 would reach for), for side-by-side comparison with trainerd on the GPU machine, which has both installed.
 
@@ -75,6 +77,7 @@ def main():
     torch.manual_seed(a.seed)
     if a.model_dir:
         model = AutoModelForCausalLM.from_pretrained(a.model_dir, dtype=torch.bfloat16, attn_implementation="sdpa").cuda()
+        model.train()  # bench/speed: from_pretrained returns eval mode, where gradient checkpointing is off
         cfg = model.config
     else:
         cfg = LlamaConfig(max_position_embeddings=8192, rope_theta=500000.0, **SHAPES[a.shape])
