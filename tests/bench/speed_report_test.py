@@ -1,0 +1,107 @@
+#!/usr/bin/env python3
+"""bench/speed's arithmetic and verdicts, on figures the bench produced on the H200 (2026-12-03):
+fixtures/h200-1b-trainerd-metrics.jsonl is trainerd-worker's metrics.jsonl of the 1b row, and
+fixtures/h200-results.json the results bundle run.sh wrote for the table in docs/benchmarks.md.
+Standard library only; run by ctest (tests/CMakeLists.txt)."""
+import json
+import os
+import shutil
+import sys
+import tempfile
+import unittest
+
+sys.dont_write_bytecode = True  # nothing written into the source tree
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "bench", "speed"))
+import report  # noqa: E402
+import speed_util  # noqa: E402
+
+METRICS = os.path.join(HERE, "fixtures", "h200-1b-trainerd-metrics.jsonl")
+RESULTS = os.path.join(HERE, "fixtures", "h200-results.json")
+
+
+def read_lines(path):
+    with open(path) as f:
+        return [json.loads(l) for l in f if l.strip()]
+
+
+class ParseTrainerdTest(unittest.TestCase):
+    def test_timed_steps_are_the_sum_of_each_steps_own_time(self):
+        got = speed_util.parse_trainerd(METRICS, warmup=3, steps=10)
+        lines = {j["step"]: j for j in read_lines(METRICS)}
+        # Recomputed here step by step: tokens of steps 4..13 over the sum of each step's time.
+        seconds = sum((lines[s]["tokens"] - lines[s - 1]["tokens"]) / lines[s]["tokens_per_s"] for s in range(4, 14))
+        tokens = lines[13]["tokens"] - lines[3]["tokens"]
+        self.assertEqual(tokens, 10 * 8 * 2048)
+        self.assertAlmostEqual(got["tokens_per_s"], tokens / seconds, places=6)
+        self.assertAlmostEqual(got["step_s"], seconds / 10, places=9)
+        self.assertEqual(got["first_loss"], lines[1]["loss"])
+        self.assertEqual(got["tokens_per_step"], 16384)
+        self.assertAlmostEqual(got["peak_mem_gib"], max(j["peak_memory_bytes"] for j in lines.values()) / 2 ** 30)
+
+    def test_a_missing_step_is_an_error_not_a_figure(self):
+        tmp = tempfile.mkdtemp()
+        try:
+            path = os.path.join(tmp, "metrics.jsonl")
+            with open(path, "w") as f:
+                for j in read_lines(METRICS):
+                    if j["step"] != 7:  # as with log_every: 2
+                        f.write(json.dumps(j) + "\n")
+            with self.assertRaisesRegex(ValueError, "log_every must be 1"):
+                speed_util.parse_trainerd(path, warmup=3, steps=10)
+            with self.assertRaisesRegex(ValueError, "need 1, 3 and 20"):
+                speed_util.parse_trainerd(METRICS, warmup=3, steps=17)
+        finally:
+            shutil.rmtree(tmp)
+
+
+class ReportTest(unittest.TestCase):
+    def setUp(self):
+        self.versions, self.ceiling, self.results = report.load(RESULTS)
+
+    def row_line(self, text, row_label, system):
+        lines = text.splitlines()
+        start = next(i for i, l in enumerate(lines) if l.startswith("| " + row_label))
+        for l in lines[start:start + 3]:
+            if ("| %s |" % system) in l:
+                return l
+        self.fail("no %s line under %s" % (system, row_label))
+
+    def test_ratios_and_verdicts_of_the_h200_run(self):
+        text = report.render(self.versions, self.ceiling, self.results)
+        r = self.results
+        ratio = r["1b.trainerd"]["tokens_per_s"] / r["1b.hf"]["tokens_per_s"]
+        self.assertAlmostEqual(ratio, 2.274, places=3)
+        one_b = self.row_line(text, "llama3-1b 8×2048 (1b)", "trainerd")
+        self.assertIn("%.2f× met" % ratio, one_b)
+        compiled = r["1b.trainerd"]["tokens_per_s"] / r["1b.hf-compile"]["tokens_per_s"]
+        self.assertIn("%.2f× met" % compiled, one_b)
+        self.assertIn("%.2f× met" % (r["1b.trainerd"]["peak_mem_gib"] / r["1b.hf"]["peak_mem_gib"]), one_b)
+        eight_b = self.row_line(text, "llama3-8b 4×2048 (8b)", "trainerd")
+        self.assertIn("%.2f× NOT met" % (r["8b.trainerd"]["tokens_per_s"] / r["8b.hf"]["tokens_per_s"]), eight_b)
+        # The 8b memory cell is the 0.6× target: 50.2 / 99.4 = 0.51 is met.
+        self.assertIn("%.2f× met" % (r["8b.trainerd"]["peak_mem_gib"] / r["8b.hf"]["peak_mem_gib"]), eight_b)
+        self.assertIn("- tokens/s ≥ 2.0× HF PEFT plain: **NOT met** (NOT met on 8b, 8b-ckpt; met on 1b)", text)
+        # No compiled figure on the 8b rows: not run, never met.
+        self.assertIn("- tokens/s ≥ 1.5× HF PEFT + compile: **not run** (met on 1b; not run on 8b, 8b-ckpt)", text)
+        self.assertIn("- peak memory ≤ 0.6× plain on llama3-8b 4×2048 (8b): **met**", text)
+
+    def test_a_slower_trainerd_turns_the_verdict(self):
+        results = json.loads(json.dumps(self.results))
+        results["1b.trainerd"]["tokens_per_s"] = 1.49 * results["1b.hf-compile"]["tokens_per_s"]
+        text = report.render(self.versions, self.ceiling, results)
+        self.assertIn("1.49× NOT met", self.row_line(text, "llama3-1b 8×2048 (1b)", "trainerd"))
+        results["1b.hf"]["first_loss"] *= 1.02  # 2% apart: not the same computation
+        text = report.render(self.versions, self.ceiling, results)
+        self.assertIn("- first-step losses within 1% of both references: **NOT met**", text)
+
+    def test_a_failed_reference_reads_as_such(self):
+        results = json.loads(json.dumps(self.results))
+        results["8b.hf"] = dict(results["8b.hf"], status="oom", error="CUDA out of memory")
+        text = report.render(self.versions, self.ceiling, results)
+        self.assertIn("| HF PEFT | OOM |", text)
+        self.assertIn("8b, HF PEFT: CUDA out of memory", text)
+
+
+if __name__ == "__main__":
+    unittest.main()
