@@ -110,7 +110,7 @@ done
 # The run itself (not indented: it holds a here-document); its output also goes to run.log (the end).
 main() {
 # What is left to do, so that a continued run builds and writes only what it needs.
-todo=() need_trainerd=0 models=()
+todo=() need_trainerd=0 models=() model_rows=()  # model_rows: one row per model folder to write
 for r in $rows; do
   row_def "$r"
   for s in $systems; do
@@ -121,7 +121,7 @@ for r in $rows; do
     rm -f "$(result_file "$r" "$s")"
     todo+=("$r:$s")
     [ "$s" = trainerd ] && need_trainerd=1
-    [[ " ${models[*]} " == *" $model_name "* ]] || models+=("$model_name")
+    [[ " ${models[*]} " == *" $model_name "* ]] || { models+=("$model_name"); model_rows+=("$r"); }
   done
 done
 say "to run: ${todo[*]:-nothing}"
@@ -134,7 +134,7 @@ if [ -n "${TRAINERD_COMMIT:-}" ]; then
 elif commit=$(git rev-parse --short=12 HEAD 2>/dev/null); then
   git diff --quiet HEAD 2>/dev/null || commit="$commit+local-changes"
 else
-  commit=${TRAINERD_COMMIT:-unknown}  # the GPU machine gets the tree without .git
+  commit=unknown  # a tree copied without .git, and no TRAINERD_COMMIT
 fi
 python3 "$here/speed_util.py" versions --commit "$commit" --out "$results/versions.json" ||
   fail "could not record the versions"
@@ -192,11 +192,10 @@ fi
 
 # --- model folders (random weights, HF format), written once per work dir --------------------------
 model_ok() { [ -f "$work/models/$1/config.json" ]; }
-ensure_model() {  # folder name: a SHAPES key, or one with overrides (the custom row)
-  local name=$1 d=$work/models/$1 start=$SECONDS s saver r
+ensure_model() {  # a row whose model folder to write: a SHAPES key, or one with overrides (custom)
+  row_def "$1"
+  local name=$model_name d=$work/models/$model_name start=$SECONDS s=$shape saver
   model_ok "$name" && return 0
-  for r in $rows; do row_def "$r"; [ "$model_name" = "$name" ] && break; done
-  s=$shape
   fits "$(estimate "save:$s")" || { say "skipped writing $name: BUDGET_S"; return 1; }
   local avail
   avail=$(df -Pk "$work" | awk 'NR == 2 {print int($4 / 1048576)}')
@@ -216,7 +215,7 @@ ensure_model() {  # folder name: a SHAPES key, or one with overrides (the custom
     return 1
   fi
 }
-for m in "${models[@]}"; do ensure_model "$m"; done
+for r in "${model_rows[@]}"; do ensure_model "$r"; done
 
 # --- the measurements ---------------------------------------------------------------------------
 run_timed() {  # log, command...: runs it under RUN_TIMEOUT_S, sets rc and wall
