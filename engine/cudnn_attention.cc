@@ -1,8 +1,8 @@
 #include "engine/cudnn_attention.h"
 
+#include <iterator>
 #include <map>
 #include <mutex>
-#include <iterator>
 #include <optional>
 #include <tuple>
 #include <vector>
