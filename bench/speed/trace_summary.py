@@ -6,7 +6,9 @@ torch.profiler's export_chrome_trace) wrote.
 
 Prints the span of GPU activity, the time kernels ran (and so the time the GPU sat idle), the
 time by kind of kernel (matmul, attention, trainerd's fused kernels, the rest), and the kernels
-that took the most time, in total and per step (--steps: how many steps the trace holds)."""
+that took the most time, in total and per step (--steps: how many steps the trace holds).
+--ops N also prints the N operators (name and input shapes, as the profiler recorded them) whose
+kernels took the most GPU time: which matmul shapes cost what."""
 import argparse
 import collections
 import json
@@ -40,6 +42,7 @@ def main():
     ap.add_argument("trace")
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--steps", type=int, default=1, help="steps in the trace (per-step figures divide by it)")
+    ap.add_argument("--ops", type=int, default=0, help="also the operators (with input shapes) taking the most GPU time")
     args = ap.parse_args()
     with open(args.trace) as f:
         events = json.load(f).get("traceEvents", [])
@@ -80,6 +83,27 @@ def main():
     print(f"\ntop {args.top} (ms a step, calls a step, share):")
     for name, ms in busy.most_common(args.top):
         print(f"  {ms / n:8.2f} {count[name] / n:6.0f}  {100 * ms / total:5.1f}%  {short(name)}")
+    if args.ops:
+        print_ops(events, gpu, args.ops, n, total)
+
+
+def print_ops(events, gpu, top, n, total):
+    """GPU time by the CPU operator that launched each kernel (the kernel's "External id" names
+    the innermost operator), keyed by operator name and input shapes."""
+    ops = {}
+    for e in events:
+        a = e.get("args", {})
+        if e.get("cat") == "cpu_op" and "External id" in a:
+            dims = a.get("Input Dims") or a.get("Input dims") or []
+            ops[a["External id"]] = "%s %s" % (e.get("name", "?"), [d for d in dims if d])
+    busy, count = collections.Counter(), collections.Counter()
+    for e in gpu:
+        key = ops.get(e.get("args", {}).get("External id"), "(no operator)")
+        busy[key] += e.get("dur", 0) / 1000
+        count[key] += 1
+    print(f"\ntop {top} operators by GPU time (ms a step, kernels a step, share):")
+    for key, ms in busy.most_common(top):
+        print(f"  {ms / n:8.2f} {count[key] / n:6.0f}  {100 * ms / total:5.1f}%  {short(key, 160)}")
 
 
 if __name__ == "__main__":
