@@ -98,18 +98,36 @@ void* StreamOf(const torch::Tensor& t) { return c10::cuda::getCurrentCUDAStream(
 
 void Check(const std::string& error) { TORCH_CHECK(error.empty(), "fused kernel: ", error); }
 
+// t (..., cols) as (rows, cols) with unit column stride, without a copy when
+// its rows are evenly spaced (a narrow of wider rows); else a contiguous copy.
+torch::Tensor Rows(const torch::Tensor& t) {
+  const int64_t cols = t.size(-1);
+  torch::Tensor r = t.reshape({-1, cols});
+  if ((cols > 1 && r.stride(1) != 1) || (r.size(0) > 1 && r.stride(0) < cols)) r = r.contiguous();
+  return r;
+}
+
+// The distance between rows of a Rows() matrix, in elements.
+int64_t RowStride(const torch::Tensor& r) { return r.size(0) > 1 ? r.stride(0) : r.size(1); }
+
+// (rows, cols) in a fresh buffer whose rows are cols + spare apart: the left part.
+torch::Tensor WithSpareColumns(int64_t rows, int64_t cols, int64_t spare, const torch::TensorOptions& options) {
+  const torch::Tensor buffer = torch::empty({rows, cols + spare}, options);
+  return spare > 0 ? buffer.narrow(1, 0, cols) : buffer;
+}
+
 class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& weight,
-                               double eps) {
+                               double eps, int64_t spare) {
     const c10::cuda::CUDAGuard guard(x.device());
     const int64_t hidden = x.size(-1);
     const torch::Tensor x2 = x.contiguous().view({-1, hidden});  // (rows, H)
     const torch::Tensor w = weight.contiguous();                 // (H)
-    torch::Tensor y = torch::empty(x2.sizes(), x2.options());
+    torch::Tensor y = WithSpareColumns(x2.size(0), hidden, spare, x2.options());
     torch::Tensor rstd = torch::empty({x2.size(0)}, x2.options().dtype(torch::kFloat32));  // (rows)
-    Check(kernels::RmsNormForward(x2.data_ptr(), w.data_ptr(), y.data_ptr(), rstd.data_ptr<float>(), x2.size(0),
-                                  hidden, static_cast<float>(eps), DTypeOf(x), StreamOf(x)));
+    Check(kernels::RmsNormForward(x2.data_ptr(), w.data_ptr(), y.data_ptr(), hidden + spare, rstd.data_ptr<float>(),
+                                  x2.size(0), hidden, static_cast<float>(eps), DTypeOf(x), StreamOf(x)));
     ctx->save_for_backward({x2, w, rstd});
     return y.view(x.sizes());
   }
@@ -121,7 +139,7 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
     const torch::Tensor& rstd = saved[2];
     const c10::cuda::CUDAGuard guard(x2.device());
     const int64_t rows = x2.size(0), hidden = x2.size(1);
-    const torch::Tensor dy = grads[0].contiguous().view({rows, hidden});
+    const torch::Tensor dy = Rows(grads[0]);  // (rows, H), rows possibly wider (a widened group's gradient)
     torch::Tensor dx = torch::empty(x2.sizes(), x2.options());
     torch::Tensor dweight, workspace;  // float32 (H) and the kernel's partial sums
     if (ctx->needs_input_grad(1)) {
@@ -129,25 +147,32 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
       const int64_t floats = static_cast<int64_t>(kernels::RmsNormBackwardWorkspaceBytes(rows, hidden) / sizeof(float));
       workspace = torch::empty({floats}, x2.options().dtype(torch::kFloat32));
     }
-    Check(kernels::RmsNormBackward(dy.data_ptr(), x2.data_ptr(), w.data_ptr(), rstd.data_ptr<float>(),
+    Check(kernels::RmsNormBackward(dy.data_ptr(), RowStride(dy), x2.data_ptr(), w.data_ptr(), rstd.data_ptr<float>(),
                                    dx.data_ptr(), dweight.defined() ? dweight.data_ptr<float>() : nullptr,
                                    workspace.defined() ? workspace.data_ptr() : nullptr,
                                    workspace.defined() ? workspace.numel() * sizeof(float) : 0, rows, hidden,
                                    DTypeOf(x2), StreamOf(x2)));
     return {dx.view(grads[0].sizes()), dweight.defined() ? dweight.to(w.scalar_type()) : torch::Tensor(),
-            torch::Tensor()};
+            torch::Tensor(), torch::Tensor()};
   }
 };
 
 class SwiGluFunction : public torch::autograd::Function<SwiGluFunction> {
  public:
-  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& gate, const torch::Tensor& up) {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& gate, const torch::Tensor& up,
+                               int64_t spare) {
     const c10::cuda::CUDAGuard guard(gate.device());
-    const torch::Tensor g = gate.contiguous(), u = up.contiguous();
-    torch::Tensor out = torch::empty(g.sizes(), g.options());
-    Check(kernels::SwiGluForward(g.data_ptr(), u.data_ptr(), out.data_ptr(), g.numel(), DTypeOf(g), StreamOf(g)));
+    torch::Tensor g = Rows(gate), u = Rows(up);  // (rows, cols), in place when evenly spaced
+    if (RowStride(g) != RowStride(u)) {
+      g = g.contiguous();
+      u = u.contiguous();
+    }
+    const int64_t rows = g.size(0), cols = g.size(1);
+    torch::Tensor out = WithSpareColumns(rows, cols, spare, g.options());
+    Check(kernels::SwiGluForward(g.data_ptr(), u.data_ptr(), RowStride(g), out.data_ptr(), cols + spare, rows, cols,
+                                 DTypeOf(g), StreamOf(g)));
     ctx->save_for_backward({g, u});
-    return out;
+    return out.view(gate.sizes());
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -155,11 +180,24 @@ class SwiGluFunction : public torch::autograd::Function<SwiGluFunction> {
     const torch::Tensor& g = saved[0];
     const torch::Tensor& u = saved[1];
     const c10::cuda::CUDAGuard guard(g.device());
-    const torch::Tensor dout = grads[0].contiguous();
-    torch::Tensor dgate = torch::empty(g.sizes(), g.options()), dup = torch::empty(u.sizes(), u.options());
-    Check(kernels::SwiGluBackward(dout.data_ptr(), g.data_ptr(), u.data_ptr(), dgate.data_ptr(), dup.data_ptr(),
-                                  g.numel(), DTypeOf(g), StreamOf(g)));
-    return {dgate, dup};
+    const int64_t rows = g.size(0), cols = g.size(1), in_stride = RowStride(g);
+    const torch::Tensor dout = Rows(grads[0]);
+    // When gate and up are the halves of one gate|up product, so are their
+    // gradients: the group that made them takes them as one matrix.
+    const bool halves = in_stride == 2 * cols && static_cast<char*>(u.data_ptr()) == static_cast<char*>(g.data_ptr()) + cols * g.element_size();
+    torch::Tensor dgate, dup;
+    if (halves) {
+      const torch::Tensor both = torch::empty({rows, 2 * cols}, g.options());
+      dgate = both.narrow(1, 0, cols);
+      dup = both.narrow(1, cols, cols);
+    } else {
+      dgate = torch::empty({rows, cols}, g.options());
+      dup = torch::empty({rows, cols}, g.options());
+    }
+    Check(kernels::SwiGluBackward(dout.data_ptr(), RowStride(dout), g.data_ptr(), u.data_ptr(), in_stride,
+                                  dgate.data_ptr(), dup.data_ptr(), halves ? 2 * cols : cols, rows, cols, DTypeOf(g),
+                                  StreamOf(g)));
+    return {dgate.view(grads[0].sizes()), dup.view(grads[0].sizes()), torch::Tensor()};
   }
 };
 
@@ -220,21 +258,21 @@ torch::Tensor SoftmaxCrossEntropyRowsOnKernel(torch::Tensor& logits, const torch
 }  // namespace
 #endif  // TRAINERD_WITH_CUDA_KERNELS
 
-torch::Tensor FusedRmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+torch::Tensor FusedRmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps, int64_t spare_columns) {
 #ifdef TRAINERD_WITH_CUDA_KERNELS
   if (KernelTensor(x) && weight.defined() && weight.dim() == 1 && weight.size(0) == x.size(-1) &&
       weight.scalar_type() == x.scalar_type() && weight.device() == x.device()) {
-    return RmsNormFunction::apply(x, weight, eps);
+    return RmsNormFunction::apply(x, weight, eps, spare_columns);
   }
 #endif
   return PlainRmsNorm(x, weight, eps);
 }
 
-torch::Tensor FusedSwiGlu(const torch::Tensor& gate, const torch::Tensor& up) {
+torch::Tensor FusedSwiGlu(const torch::Tensor& gate, const torch::Tensor& up, int64_t spare_columns) {
 #ifdef TRAINERD_WITH_CUDA_KERNELS
   if (KernelTensor(gate) && up.defined() && up.sizes() == gate.sizes() && up.scalar_type() == gate.scalar_type() &&
       up.device() == gate.device()) {
-    return SwiGluFunction::apply(gate, up);
+    return SwiGluFunction::apply(gate, up, spare_columns);
   }
 #endif
   return PlainSwiGlu(gate, up);

@@ -24,12 +24,22 @@ namespace trainerd::engine {
 // x: (..., H); weight: (H), same dtype as x for the kernel path -> (..., H).
 // The kernel path saves x, weight and the per-row 1/rms (float32); it computes
 // the weight's gradient only when the weight requires one (full fine-tuning).
-torch::Tensor FusedRmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
+// It reads the incoming gradient in place when its rows are evenly spaced
+// (a widened group's input gradient, engine/linear_group.h).
+// spare_columns: on the kernel path the result is the left part of rows that
+// many elements wider (uninitialised), room the consuming LinearGroup fills
+// in place of a copy (LinearGroup::spare_columns); ignored elsewhere.
+torch::Tensor FusedRmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps,
+                           int64_t spare_columns = 0);
 torch::Tensor PlainRmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
 
 // silu(gate) * up. gate, up: the same shape (any) and dtype -> that shape.
-// The kernel path saves gate and up and recomputes silu in the backward.
-torch::Tensor FusedSwiGlu(const torch::Tensor& gate, const torch::Tensor& up);
+// The kernel path saves gate and up and recomputes silu in the backward. It
+// reads gate, up and the incoming gradient in place when their rows are evenly
+// spaced (gate and up the halves of one gate|up product), and then writes
+// their gradients as the halves of one buffer too. spare_columns: as for
+// FusedRmsNorm (room for the down projection's group).
+torch::Tensor FusedSwiGlu(const torch::Tensor& gate, const torch::Tensor& up, int64_t spare_columns = 0);
 torch::Tensor PlainSwiGlu(const torch::Tensor& gate, const torch::Tensor& up);
 
 // Rotary embedding, rotate_half convention: x * cos + rotate_half(x) * sin,

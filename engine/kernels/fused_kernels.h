@@ -35,12 +35,13 @@ enum class DType { kFloat32, kFloat16, kBFloat16 };
 // weight, as transformers does (`weight * hidden.to(input_dtype)`).
 //   x:      (rows, hidden) dtype, dense
 //   weight: (hidden) dtype
-//   y:      (rows, hidden) dtype, dense (may not alias x)
+//   y:      (rows, hidden) dtype, rows y_stride >= hidden elements apart
+//           (room a consumer widens, engine/linear_group.h); may not alias x
 //   rstd:   (rows) float32, saved for the backward
 // One block per row; hidden of any size (the vector path covers up to 16384
 // for 16-bit dtypes, 8192 for float32; larger rows take the scalar path).
-[[nodiscard]] std::string RmsNormForward(const void* x, const void* weight, void* y, float* rstd, int64_t rows,
-                                         int64_t hidden, float eps, DType dtype, void* stream);
+[[nodiscard]] std::string RmsNormForward(const void* x, const void* weight, void* y, int64_t y_stride, float* rstd,
+                                         int64_t rows, int64_t hidden, float eps, DType dtype, void* stream);
 
 // Bytes of float32 scratch RmsNormBackward needs when it computes dweight:
 // one partial row of `hidden` sums per block of the backward grid (at most
@@ -50,24 +51,31 @@ enum class DType { kFloat32, kFloat16, kBFloat16 };
 // The gradients of RmsNormForward, straight through the dtype roundings:
 //   dx_j = rstd * g_j - rstd^3 / hidden * x_j * sum_i(g_i * x_i),  g = dy * w
 //   dweight = sum over rows of dy * T(x * rstd)
-//   dy, x: (rows, hidden) dtype, dense; weight: (hidden); rstd: (rows) float32
+//   dy:    (rows, hidden) dtype, rows dy_stride >= hidden elements apart
+//   x:     (rows, hidden) dtype, dense; weight: (hidden); rstd: (rows) float32
 //   dx:    (rows, hidden) dtype, dense
 //   dweight: (hidden) float32, or nullptr when the weight needs no gradient;
 //            then `workspace` (RmsNormBackwardWorkspaceBytes) must be given.
 //            Summed per block into the workspace, then over blocks in a fixed
 //            order by a second kernel: no atomics, the same bits every run.
-[[nodiscard]] std::string RmsNormBackward(const void* dy, const void* x, const void* weight, const float* rstd,
-                                          void* dx, float* dweight, void* workspace, size_t workspace_bytes,
-                                          int64_t rows, int64_t hidden, DType dtype, void* stream);
+[[nodiscard]] std::string RmsNormBackward(const void* dy, int64_t dy_stride, const void* x, const void* weight,
+                                          const float* rstd, void* dx, float* dweight, void* workspace,
+                                          size_t workspace_bytes, int64_t rows, int64_t hidden, DType dtype,
+                                          void* stream);
 
 // ---- SwiGLU ----------------------------------------------------------------
-// out = silu(gate) * up over n elements; gate, up, out dense, same dtype.
-[[nodiscard]] std::string SwiGluForward(const void* gate, const void* up, void* out, int64_t n, DType dtype,
-                                        void* stream);
+// Over (rows, cols) matrices of one dtype whose rows are a stride (in
+// elements, >= cols) apart, so that gate and up can be the two column halves
+// of one gate|up product and out the left part of a wider buffer:
+// out = silu(gate) * up; gate and up share in_stride.
+[[nodiscard]] std::string SwiGluForward(const void* gate, const void* up, int64_t in_stride, void* out,
+                                        int64_t out_stride, int64_t rows, int64_t cols, DType dtype, void* stream);
 // dgate = dout * up * silu'(gate), dup = dout * silu(gate); silu recomputed
-// from gate (nothing else saved). All dense, n elements.
-[[nodiscard]] std::string SwiGluBackward(const void* dout, const void* gate, const void* up, void* dgate, void* dup,
-                                         int64_t n, DType dtype, void* stream);
+// from gate (nothing else saved). dgate and dup share grad_stride (one
+// buffer's halves when it is 2 * cols).
+[[nodiscard]] std::string SwiGluBackward(const void* dout, int64_t dout_stride, const void* gate, const void* up,
+                                         int64_t in_stride, void* dgate, void* dup, int64_t grad_stride, int64_t rows,
+                                         int64_t cols, DType dtype, void* stream);
 
 // ---- Rotary embedding (rotate_half convention) -----------------------------
 // out = x * cos + rotate_half(x) * sin over each head's d = head_dim values,

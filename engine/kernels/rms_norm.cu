@@ -48,8 +48,8 @@ __device__ __forceinline__ float BlockSum(float v, float* shared) {
 
 template <typename T, int kVecs>
 __global__ void __launch_bounds__(kMaxVecThreads)
-    RmsNormForwardVec(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y, float* __restrict__ rstd,
-                      int64_t rows, int hidden, float eps) {
+    RmsNormForwardVec(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y, int64_t y_stride,
+                      float* __restrict__ rstd, int64_t rows, int hidden, float eps) {
   constexpr int kN = kVecElems<T>;
   __shared__ float shared[32];
   const int nvec = hidden / kN;
@@ -72,7 +72,7 @@ __global__ void __launch_bounds__(kMaxVecThreads)
       }
     }
     const float r = rsqrtf(BlockSum(ss, shared) / static_cast<float>(hidden) + eps);
-    T* yr = y + row * hidden;
+    T* yr = y + row * y_stride;
 #pragma unroll
     for (int k = 0; k < kVecs; ++k) {
       const int v = threadIdx.x + k * blockDim.x;
@@ -91,7 +91,7 @@ __global__ void __launch_bounds__(kMaxVecThreads)
 
 template <typename T>
 __global__ void __launch_bounds__(kScalarThreads)
-    RmsNormForwardScalar(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y,
+    RmsNormForwardScalar(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y, int64_t y_stride,
                          float* __restrict__ rstd, int64_t rows, int hidden, float eps) {
   __shared__ float shared[32];
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
@@ -102,7 +102,7 @@ __global__ void __launch_bounds__(kScalarThreads)
       ss += f * f;
     }
     const float r = rsqrtf(BlockSum(ss, shared) / static_cast<float>(hidden) + eps);
-    T* yr = y + row * hidden;
+    T* yr = y + row * y_stride;
     for (int j = threadIdx.x; j < hidden; j += blockDim.x) {
       yr[j] = detail::FromFloat<T>(RoundTo<T>(detail::ToFloat<T>(xr[j]) * r) * detail::ToFloat<T>(w[j]));
     }
@@ -115,7 +115,7 @@ __global__ void __launch_bounds__(kScalarThreads)
 // partial: (gridDim.x, hidden) float32, written only when kWeightGrad.
 template <typename T, int kVecs, bool kWeightGrad>
 __global__ void __launch_bounds__(kMaxVecThreads)
-    RmsNormBackwardVec(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ w,
+    RmsNormBackwardVec(const T* __restrict__ dy, int64_t dy_stride, const T* __restrict__ x, const T* __restrict__ w,
                        const float* __restrict__ rstd, T* __restrict__ dx, float* __restrict__ partial, int64_t rows,
                        int hidden) {
   constexpr int kN = kVecElems<T>;
@@ -134,7 +134,7 @@ __global__ void __launch_bounds__(kMaxVecThreads)
 
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const uint4* xr = reinterpret_cast<const uint4*>(x + row * hidden);
-    const uint4* dr = reinterpret_cast<const uint4*>(dy + row * hidden);
+    const uint4* dr = reinterpret_cast<const uint4*>(dy + row * dy_stride);
     uint4 xv[kVecs], dv[kVecs];
 #pragma unroll
     for (int k = 0; k < kVecs; ++k) {
@@ -195,7 +195,7 @@ __global__ void __launch_bounds__(kMaxVecThreads)
 
 template <typename T, bool kWeightGrad>
 __global__ void __launch_bounds__(kScalarThreads)
-    RmsNormBackwardScalar(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ w,
+    RmsNormBackwardScalar(const T* __restrict__ dy, int64_t dy_stride, const T* __restrict__ x, const T* __restrict__ w,
                           const float* __restrict__ rstd, T* __restrict__ dx, float* __restrict__ partial,
                           int64_t rows, int hidden) {
   using detail::FromFloat;
@@ -210,7 +210,7 @@ __global__ void __launch_bounds__(kScalarThreads)
   }
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const T* xr = x + row * hidden;
-    const T* dr = dy + row * hidden;
+    const T* dr = dy + row * dy_stride;
     const float r = rstd[row];
     float dot = 0.f;
     for (int j = threadIdx.x; j < hidden; j += blockDim.x) {
@@ -280,28 +280,29 @@ std::string CheckSizes(const char* what, int64_t rows, int64_t hidden) {
 }
 
 template <typename T, bool kWeightGrad>
-void LaunchBackward(const RowPlan& p, unsigned grid, cudaStream_t s, const T* dy, const T* x, const T* w,
+void LaunchBackward(const RowPlan& p, unsigned grid, cudaStream_t s, const T* dy, int64_t dy_stride, const T* x, const T* w,
                     const float* rstd, T* dx, float* partial, int64_t rows, int hidden) {
   switch (p.vecs_per_thread) {
     case 1:
-      RmsNormBackwardVec<T, 1, kWeightGrad><<<grid, p.threads, 0, s>>>(dy, x, w, rstd, dx, partial, rows, hidden);
+      RmsNormBackwardVec<T, 1, kWeightGrad><<<grid, p.threads, 0, s>>>(dy, dy_stride, x, w, rstd, dx, partial, rows, hidden);
       break;
     case 2:
-      RmsNormBackwardVec<T, 2, kWeightGrad><<<grid, p.threads, 0, s>>>(dy, x, w, rstd, dx, partial, rows, hidden);
+      RmsNormBackwardVec<T, 2, kWeightGrad><<<grid, p.threads, 0, s>>>(dy, dy_stride, x, w, rstd, dx, partial, rows, hidden);
       break;
     case 4:
-      RmsNormBackwardVec<T, 4, kWeightGrad><<<grid, p.threads, 0, s>>>(dy, x, w, rstd, dx, partial, rows, hidden);
+      RmsNormBackwardVec<T, 4, kWeightGrad><<<grid, p.threads, 0, s>>>(dy, dy_stride, x, w, rstd, dx, partial, rows, hidden);
       break;
     default:
-      RmsNormBackwardScalar<T, kWeightGrad><<<grid, p.threads, 0, s>>>(dy, x, w, rstd, dx, partial, rows, hidden);
+      RmsNormBackwardScalar<T, kWeightGrad><<<grid, p.threads, 0, s>>>(dy, dy_stride, x, w, rstd, dx, partial, rows, hidden);
   }
 }
 
 }  // namespace
 
-std::string RmsNormForward(const void* x, const void* weight, void* y, float* rstd, int64_t rows, int64_t hidden,
-                           float eps, DType dtype, void* stream) {
+std::string RmsNormForward(const void* x, const void* weight, void* y, int64_t y_stride, float* rstd, int64_t rows,
+                           int64_t hidden, float eps, DType dtype, void* stream) {
   if (std::string e = CheckSizes("RmsNormForward", rows, hidden); !e.empty()) return e;
+  if (y_stride < hidden) return "RmsNormForward: y_stride " + std::to_string(y_stride) + " < hidden";
   if (rows == 0) return {};
   if (!x || !weight || !y || !rstd) return "RmsNormForward: a null pointer";
   return DispatchDType(dtype, [&](auto tag) -> std::string {
@@ -310,21 +311,22 @@ std::string RmsNormForward(const void* x, const void* weight, void* y, float* rs
     const T* wp = static_cast<const T*>(weight);
     T* yp = static_cast<T*>(y);
     const int h = static_cast<int>(hidden);
-    const RowPlan p = PlanRow(hidden, kVecElems<T>, Aligned16(x) && Aligned16(weight) && Aligned16(y));
+    const RowPlan p =
+        PlanRow(hidden, kVecElems<T>, Aligned16(x) && Aligned16(weight) && Aligned16(y) && y_stride % kVecElems<T> == 0);
     const unsigned grid = GridFor(rows);
     const cudaStream_t s = AsStream(stream);
     switch (p.vecs_per_thread) {
       case 1:
-        RmsNormForwardVec<T, 1><<<grid, p.threads, 0, s>>>(xp, wp, yp, rstd, rows, h, eps);
+        RmsNormForwardVec<T, 1><<<grid, p.threads, 0, s>>>(xp, wp, yp, y_stride, rstd, rows, h, eps);
         break;
       case 2:
-        RmsNormForwardVec<T, 2><<<grid, p.threads, 0, s>>>(xp, wp, yp, rstd, rows, h, eps);
+        RmsNormForwardVec<T, 2><<<grid, p.threads, 0, s>>>(xp, wp, yp, y_stride, rstd, rows, h, eps);
         break;
       case 4:
-        RmsNormForwardVec<T, 4><<<grid, p.threads, 0, s>>>(xp, wp, yp, rstd, rows, h, eps);
+        RmsNormForwardVec<T, 4><<<grid, p.threads, 0, s>>>(xp, wp, yp, y_stride, rstd, rows, h, eps);
         break;
       default:
-        RmsNormForwardScalar<T><<<grid, p.threads, 0, s>>>(xp, wp, yp, rstd, rows, h, eps);
+        RmsNormForwardScalar<T><<<grid, p.threads, 0, s>>>(xp, wp, yp, y_stride, rstd, rows, h, eps);
     }
     return LaunchError("RmsNormForward");
   });
@@ -335,10 +337,11 @@ size_t RmsNormBackwardWorkspaceBytes(int64_t rows, int64_t hidden) {
   return static_cast<size_t>(WeightGradBlocks(rows)) * static_cast<size_t>(hidden) * sizeof(float);
 }
 
-std::string RmsNormBackward(const void* dy, const void* x, const void* weight, const float* rstd, void* dx,
-                            float* dweight, void* workspace, size_t workspace_bytes, int64_t rows, int64_t hidden,
-                            DType dtype, void* stream) {
+std::string RmsNormBackward(const void* dy, int64_t dy_stride, const void* x, const void* weight, const float* rstd,
+                            void* dx, float* dweight, void* workspace, size_t workspace_bytes, int64_t rows,
+                            int64_t hidden, DType dtype, void* stream) {
   if (std::string e = CheckSizes("RmsNormBackward", rows, hidden); !e.empty()) return e;
+  if (dy_stride < hidden) return "RmsNormBackward: dy_stride " + std::to_string(dy_stride) + " < hidden";
   const cudaStream_t s = AsStream(stream);
   if (rows == 0) {
     if (dweight && cudaMemsetAsync(dweight, 0, hidden * sizeof(float), s) != cudaSuccess) {
@@ -360,14 +363,15 @@ std::string RmsNormBackward(const void* dy, const void* x, const void* weight, c
     T* dxp = static_cast<T*>(dx);
     const int h = static_cast<int>(hidden);
     const RowPlan p =
-        PlanRow(hidden, kVecElems<T>, Aligned16(dy) && Aligned16(x) && Aligned16(weight) && Aligned16(dx));
+        PlanRow(hidden, kVecElems<T>,
+                Aligned16(dy) && dy_stride % kVecElems<T> == 0 && Aligned16(x) && Aligned16(weight) && Aligned16(dx));
     if (!dweight) {
-      LaunchBackward<T, false>(p, GridFor(rows), s, dyp, xp, wp, rstd, dxp, nullptr, rows, h);
+      LaunchBackward<T, false>(p, GridFor(rows), s, dyp, dy_stride, xp, wp, rstd, dxp, nullptr, rows, h);
       return LaunchError("RmsNormBackward");
     }
     const int blocks = static_cast<int>(WeightGradBlocks(rows));
     float* partial = static_cast<float*>(workspace);
-    LaunchBackward<T, true>(p, blocks, s, dyp, xp, wp, rstd, dxp, partial, rows, h);
+    LaunchBackward<T, true>(p, blocks, s, dyp, dy_stride, xp, wp, rstd, dxp, partial, rows, h);
     if (std::string e = LaunchError("RmsNormBackward"); !e.empty()) return e;
     SumPartialRows<<<GridFor((hidden + 31) / 32), dim3(32, 8), 0, s>>>(partial, blocks, h, dweight);
     return LaunchError("RmsNormBackward (dweight sum)");

@@ -1,7 +1,7 @@
 // SwiGLU forward and backward (contracts in fused_kernels.h): elementwise
-// over n elements, grid-strided. When every pointer is 16-byte aligned a
-// thread takes whole 16-byte vectors and the n % (16 / sizeof(T)) trailing
-// elements go one a thread; otherwise every element is a scalar access.
+// over (rows, cols) matrices with row strides, grid-strided. When every row
+// start is 16-byte aligned a thread takes whole 16-byte vectors; otherwise
+// every element is a scalar access.
 #include <algorithm>
 
 #include "engine/kernels/dtype_access.cuh"
@@ -49,26 +49,39 @@ __device__ __forceinline__ void BackwardAt(const T* __restrict__ dout, const T* 
   StoreFloats<T, kN>(dup + i, du);
 }
 
-// kN == kVecElems<T>: vectors, then the tail element by element; kN == 1: scalars.
-template <typename T, int kN>
-__global__ void __launch_bounds__(kThreads)
-    SwiGluForwardKernel(const T* __restrict__ gate, const T* __restrict__ up, T* __restrict__ out, int64_t n) {
-  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  const int64_t groups = n / kN;
-  for (int64_t v = first; v < groups; v += stride) ForwardAt<T, kN>(gate, up, out, v * kN);
-  if (kN > 1 && first < n - groups * kN) ForwardAt<T, 1>(gate, up, out, groups * kN + first);
+// Calls at(r, c) for item v of rows * (cols / kN): kN elements of row r from
+// column c, grid-strided. kN == kVecElems<T> when every row start is 16-byte
+// aligned and cols % kN == 0, else 1. The 64-bit division per item is cheap
+// beside the memory traffic.
+template <int kN, typename At>
+__device__ __forceinline__ void ForEachItem(int64_t rows, int64_t cols, At at) {
+  const int64_t per_row = cols / kN;
+  const int64_t items = rows * per_row;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; v < items; v += step) {
+    const int64_t r = v / per_row;
+    at(r, (v - r * per_row) * kN);
+  }
 }
 
 template <typename T, int kN>
 __global__ void __launch_bounds__(kThreads)
-    SwiGluBackwardKernel(const T* __restrict__ dout, const T* __restrict__ gate, const T* __restrict__ up,
-                         T* __restrict__ dgate, T* __restrict__ dup, int64_t n) {
-  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  const int64_t groups = n / kN;
-  for (int64_t v = first; v < groups; v += stride) BackwardAt<T, kN>(dout, gate, up, dgate, dup, v * kN);
-  if (kN > 1 && first < n - groups * kN) BackwardAt<T, 1>(dout, gate, up, dgate, dup, groups * kN + first);
+    SwiGluForwardKernel(const T* __restrict__ gate, const T* __restrict__ up, int64_t in_stride, T* __restrict__ out,
+                        int64_t out_stride, int64_t rows, int64_t cols) {
+  ForEachItem<kN>(rows, cols, [&](int64_t r, int64_t c) {
+    ForwardAt<T, kN>(gate + r * in_stride, up + r * in_stride, out + r * out_stride, c);
+  });
+}
+
+template <typename T, int kN>
+__global__ void __launch_bounds__(kThreads)
+    SwiGluBackwardKernel(const T* __restrict__ dout, int64_t dout_stride, const T* __restrict__ gate,
+                         const T* __restrict__ up, int64_t in_stride, T* __restrict__ dgate, T* __restrict__ dup,
+                         int64_t grad_stride, int64_t rows, int64_t cols) {
+  ForEachItem<kN>(rows, cols, [&](int64_t r, int64_t c) {
+    BackwardAt<T, kN>(dout + r * dout_stride, gate + r * in_stride, up + r * in_stride, dgate + r * grad_stride,
+                      dup + r * grad_stride, c);
+  });
 }
 
 // Blocks for `work` threads' worth of items (at least one block: the tail).
@@ -78,9 +91,13 @@ unsigned BlocksFor(int64_t work) {
 
 }  // namespace
 
-std::string SwiGluForward(const void* gate, const void* up, void* out, int64_t n, DType dtype, void* stream) {
-  if (n < 0) return "SwiGluForward: bad size n=" + std::to_string(n);
-  if (n == 0) return {};
+std::string SwiGluForward(const void* gate, const void* up, int64_t in_stride, void* out, int64_t out_stride,
+                          int64_t rows, int64_t cols, DType dtype, void* stream) {
+  if (rows < 0 || cols < 0 || in_stride < cols || out_stride < cols) {
+    return "SwiGluForward: bad sizes rows=" + std::to_string(rows) + " cols=" + std::to_string(cols) +
+           " in_stride=" + std::to_string(in_stride) + " out_stride=" + std::to_string(out_stride);
+  }
+  if (rows == 0 || cols == 0) return {};
   if (!gate || !up || !out) return "SwiGluForward: a null pointer";
   return DispatchDType(dtype, [&](auto tag) -> std::string {
     using T = decltype(tag);
@@ -89,19 +106,26 @@ std::string SwiGluForward(const void* gate, const void* up, void* out, int64_t n
     const T* u = static_cast<const T*>(up);
     T* o = static_cast<T*>(out);
     const cudaStream_t s = AsStream(stream);
-    if (Aligned16(gate) && Aligned16(up) && Aligned16(out)) {
-      SwiGluForwardKernel<T, kN><<<BlocksFor(n / kN), kThreads, 0, s>>>(g, u, o, n);
+    if (Aligned16(gate) && Aligned16(up) && Aligned16(out) && cols % kN == 0 && in_stride % kN == 0 &&
+        out_stride % kN == 0) {
+      SwiGluForwardKernel<T, kN><<<BlocksFor(rows * (cols / kN)), kThreads, 0, s>>>(g, u, in_stride, o, out_stride,
+                                                                                   rows, cols);
     } else {
-      SwiGluForwardKernel<T, 1><<<BlocksFor(n), kThreads, 0, s>>>(g, u, o, n);
+      SwiGluForwardKernel<T, 1><<<BlocksFor(rows * cols), kThreads, 0, s>>>(g, u, in_stride, o, out_stride, rows, cols);
     }
     return LaunchError("SwiGluForward");
   });
 }
 
-std::string SwiGluBackward(const void* dout, const void* gate, const void* up, void* dgate, void* dup, int64_t n,
-                           DType dtype, void* stream) {
-  if (n < 0) return "SwiGluBackward: bad size n=" + std::to_string(n);
-  if (n == 0) return {};
+std::string SwiGluBackward(const void* dout, int64_t dout_stride, const void* gate, const void* up, int64_t in_stride,
+                           void* dgate, void* dup, int64_t grad_stride, int64_t rows, int64_t cols, DType dtype,
+                           void* stream) {
+  if (rows < 0 || cols < 0 || dout_stride < cols || in_stride < cols || grad_stride < cols) {
+    return "SwiGluBackward: bad sizes rows=" + std::to_string(rows) + " cols=" + std::to_string(cols) +
+           " strides dout=" + std::to_string(dout_stride) + " in=" + std::to_string(in_stride) +
+           " grad=" + std::to_string(grad_stride);
+  }
+  if (rows == 0 || cols == 0) return {};
   if (!dout || !gate || !up || !dgate || !dup) return "SwiGluBackward: a null pointer";
   return DispatchDType(dtype, [&](auto tag) -> std::string {
     using T = decltype(tag);
@@ -112,10 +136,13 @@ std::string SwiGluBackward(const void* dout, const void* gate, const void* up, v
     T* dg = static_cast<T*>(dgate);
     T* du = static_cast<T*>(dup);
     const cudaStream_t s = AsStream(stream);
-    if (Aligned16(dout) && Aligned16(gate) && Aligned16(up) && Aligned16(dgate) && Aligned16(dup)) {
-      SwiGluBackwardKernel<T, kN><<<BlocksFor(n / kN), kThreads, 0, s>>>(d, g, u, dg, du, n);
+    if (Aligned16(dout) && Aligned16(gate) && Aligned16(up) && Aligned16(dgate) && Aligned16(dup) && cols % kN == 0 &&
+        dout_stride % kN == 0 && in_stride % kN == 0 && grad_stride % kN == 0) {
+      SwiGluBackwardKernel<T, kN><<<BlocksFor(rows * (cols / kN)), kThreads, 0, s>>>(d, dout_stride, g, u, in_stride,
+                                                                                    dg, du, grad_stride, rows, cols);
     } else {
-      SwiGluBackwardKernel<T, 1><<<BlocksFor(n), kThreads, 0, s>>>(d, g, u, dg, du, n);
+      SwiGluBackwardKernel<T, 1><<<BlocksFor(rows * cols), kThreads, 0, s>>>(d, dout_stride, g, u, in_stride, dg, du,
+                                                                            grad_stride, rows, cols);
     }
     return LaunchError("SwiGluBackward");
   });

@@ -463,6 +463,55 @@ TEST_F(FusedOpsCudaTest, SwiGluMatchesFloat64Reference) {
   }
 }
 
+// Wide rows (engine/linear_group.h): RMSNorm and SwiGLU leave spare columns
+// after their outputs, SwiGLU reads gate and up as the halves of one gate|up
+// matrix and writes their gradients as the halves of one buffer, and both read
+// incoming gradients whose rows are wider. The same bits as dense operands;
+// odd strides take the scalar path.
+TEST_F(FusedOpsCudaTest, WideRowsGiveTheDenseResults) {
+  for (auto dtype : dtypes_) {
+    for (int64_t spare : {int64_t{24}, int64_t{1}}) {
+      const std::string what = DTypeName(dtype) + " spare " + std::to_string(spare);
+      const int64_t rows = 37, hidden = 4096, f = 1024;
+      // RMSNorm.
+      torch::Tensor x = Random({rows, hidden}, dtype, cuda_, 2.0, 0.5).detach().requires_grad_();
+      const torch::Tensor w = Random({hidden}, dtype, cuda_, 0.2, 1.0);
+      const torch::Tensor dy_wide = Random({rows, hidden + spare + 8}, dtype, cuda_);
+      const torch::Tensor dy = dy_wide.narrow(1, 0, hidden);
+      torch::Tensor y = FusedRmsNorm(x, w, kEps, spare);
+      EXPECT_EQ(y.stride(0), hidden + spare) << what;
+      y.backward(dy);
+      torch::Tensor x2 = x.detach().clone().requires_grad_();
+      torch::Tensor y2 = FusedRmsNorm(x2, w, kEps);
+      y2.backward(dy.contiguous());
+      if (spare % 8 == 0) {  // the same (vector) path: the same bits
+        EXPECT_TRUE(torch::equal(y, y2)) << what;
+        EXPECT_TRUE(torch::equal(x.grad(), x2.grad())) << what;
+      } else {  // the scalar path sums in another order
+        EXPECT_LT(NormRelError(y, y2), Tolerance(dtype)) << what;
+        EXPECT_LT(NormRelError(x.grad(), x2.grad()), Tolerance(dtype)) << what;
+      }
+      // SwiGLU on the halves of one gate|up matrix.
+      torch::Tensor both = Random({rows, 2 * f}, dtype, cuda_, 3.0).detach().requires_grad_();
+      const torch::Tensor gate = both.narrow(1, 0, f), up = both.narrow(1, f, f);
+      const torch::Tensor d_wide = Random({rows, f + spare}, dtype, cuda_);
+      const torch::Tensor d = d_wide.narrow(1, 0, f);
+      torch::Tensor out = FusedSwiGlu(gate, up, spare);
+      EXPECT_EQ(out.stride(0), f + spare) << what;
+      const auto grads = torch::autograd::grad({out}, {gate, up}, {d});
+      EXPECT_EQ(static_cast<char*>(grads[1].data_ptr()),
+                static_cast<char*>(grads[0].data_ptr()) + f * grads[0].element_size())
+          << what << ": the gradients are not the halves of one buffer";
+      torch::Tensor g2 = gate.detach().contiguous().requires_grad_(), u2 = up.detach().contiguous().requires_grad_();
+      torch::Tensor out2 = FusedSwiGlu(g2, u2);
+      out2.backward(d.contiguous());
+      EXPECT_TRUE(torch::equal(out, out2)) << what;
+      EXPECT_TRUE(torch::equal(grads[0], g2.grad())) << what;
+      EXPECT_TRUE(torch::equal(grads[1], u2.grad())) << what;
+    }
+  }
+}
+
 TEST_F(FusedOpsCudaTest, RopeMatchesFloat64Reference) {
   struct Case {
     int64_t tokens, heads, kv_heads, d, first_position;  // first_position 0: packed, restarting
@@ -603,8 +652,8 @@ TEST_F(FusedOpsCudaTest, LaunchersWriteEveryElement) {
         const torch::Tensor w = Random({hidden}, dtype, cuda_, 0.2, 1.0);
         const torch::Tensor dy = Random({rows, hidden}, dtype, cuda_);
         torch::Tensor y = poisoned({rows, hidden}, o), rstd = poisoned({rows}, of);
-        ASSERT_EQ(k::RmsNormForward(x.data_ptr(), w.data_ptr(), y.data_ptr(), rstd.data_ptr<float>(), rows, hidden,
-                                    kEps, kdtype(dtype), stream), "");
+        ASSERT_EQ(k::RmsNormForward(x.data_ptr(), w.data_ptr(), y.data_ptr(), hidden, rstd.data_ptr<float>(), rows,
+                                    hidden, kEps, kdtype(dtype), stream), "");
         EXPECT_TRUE(AllFinite(y) && AllFinite(rstd)) << what;
         EXPECT_TRUE(torch::equal(y, FusedRmsNorm(x, w, kEps))) << what;
 
@@ -613,7 +662,7 @@ TEST_F(FusedOpsCudaTest, LaunchersWriteEveryElement) {
         for (int run = 0; run < 2; ++run) {
           torch::Tensor dx = poisoned({rows, hidden}, o), dw = poisoned({hidden}, of);
           torch::Tensor scratch = poisoned({static_cast<int64_t>(bytes / sizeof(float))}, of);
-          ASSERT_EQ(k::RmsNormBackward(dy.data_ptr(), x.data_ptr(), w.data_ptr(), rstd.data_ptr<float>(),
+          ASSERT_EQ(k::RmsNormBackward(dy.data_ptr(), hidden, x.data_ptr(), w.data_ptr(), rstd.data_ptr<float>(),
                                        dx.data_ptr(), dw.data_ptr<float>(), scratch.data_ptr(), bytes, rows, hidden,
                                        kdtype(dtype), stream), "");
           EXPECT_TRUE(AllFinite(dx) && AllFinite(dw)) << what;
@@ -626,9 +675,9 @@ TEST_F(FusedOpsCudaTest, LaunchersWriteEveryElement) {
       const torch::Tensor gate = Random({n}, dtype, cuda_, 3.0), up = Random({n}, dtype, cuda_);
       const torch::Tensor d = Random({n}, dtype, cuda_);
       torch::Tensor out = poisoned({n}, o), dg = poisoned({n}, o), du = poisoned({n}, o);
-      ASSERT_EQ(k::SwiGluForward(gate.data_ptr(), up.data_ptr(), out.data_ptr(), n, kdtype(dtype), stream), "");
-      ASSERT_EQ(k::SwiGluBackward(d.data_ptr(), gate.data_ptr(), up.data_ptr(), dg.data_ptr(), du.data_ptr(), n,
-                                  kdtype(dtype), stream), "");
+      ASSERT_EQ(k::SwiGluForward(gate.data_ptr(), up.data_ptr(), n, out.data_ptr(), n, 1, n, kdtype(dtype), stream), "");
+      ASSERT_EQ(k::SwiGluBackward(d.data_ptr(), n, gate.data_ptr(), up.data_ptr(), n, dg.data_ptr(), du.data_ptr(), n, 1,
+                                  n, kdtype(dtype), stream), "");
       EXPECT_TRUE(AllFinite(out) && AllFinite(dg) && AllFinite(du)) << DTypeName(dtype) << " n=" << n;
       EXPECT_TRUE(torch::equal(out, FusedSwiGlu(gate, up))) << DTypeName(dtype) << " n=" << n;
     }
