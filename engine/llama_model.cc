@@ -254,7 +254,9 @@ torch::Tensor LlamaModel::Attention(const DecoderLayer& layer, const torch::Tens
                                     const AttentionInputs& in) const {
   const int64_t b = x.size(0), t = x.size(1), d = config_.head_dim;
   const int64_t nh = config_.num_attention_heads, nkv = config_.num_key_value_heads;
-  const std::vector<torch::Tensor> qkv = ForwardShared({&layer.q_proj, &layer.k_proj, &layer.v_proj}, x, training_);
+  const std::vector<torch::Tensor> qkv =
+      ForwardGroup(layer.qkv, {&layer.q_proj, &layer.k_proj, &layer.v_proj}, x, training_);
+  auto o_proj = [&](const torch::Tensor& o) { return ForwardGroup(layer.o, {&layer.o_proj}, o, training_)[0]; };
   if (in.segments.defined()) {
     torch::Tensor q = qkv[0].view({b * t, nh, d});
     torch::Tensor k = qkv[1].view({b * t, nkv, d});
@@ -270,10 +272,10 @@ torch::Tensor LlamaModel::Attention(const DecoderLayer& layer, const torch::Tens
       // Rows of (B, T, heads, d) seen as (B, heads, T, d): no copies.
       auto rows = [&](const torch::Tensor& x, int64_t heads) { return x.view({b, t, heads, d}).transpose(1, 2); };
       torch::Tensor o = CudnnCausalAttention(rows(q, nh), rows(k, nkv), rows(v, nkv), in.cudnn);  // (B, nh, T, d)
-      return ForwardShared({&layer.o_proj}, o.transpose(1, 2).reshape({b, t, nh * d}), training_)[0];
+      return o_proj(o.transpose(1, 2).reshape({b, t, nh * d}));
     }
     torch::Tensor o = VarlenCausalAttention(q, k, v, in.segments);  // (B*T, nh, d)
-    return ForwardShared({&layer.o_proj}, o.view({b, t, nh * d}), training_)[0];
+    return o_proj(o.view({b, t, nh * d}));
   }
   torch::Tensor q = qkv[0].view({b, t, nh, d}).transpose(1, 2);
   torch::Tensor k = qkv[1].view({b, t, nkv, d}).transpose(1, 2);
@@ -282,7 +284,7 @@ torch::Tensor LlamaModel::Attention(const DecoderLayer& layer, const torch::Tens
   k = k * in.cos + RotateHalf(k) * in.sin;
   torch::Tensor o = CausalAttention(q, k, v, in.mask);  // (B, nh, T, d)
   o = o.transpose(1, 2).reshape({b, t, nh * d});
-  return ForwardShared({&layer.o_proj}, o, training_)[0];
+  return o_proj(o);
 }
 
 bool LlamaModel::UsesVarlenAttention() const {
@@ -292,10 +294,21 @@ bool LlamaModel::UsesVarlenAttention() const {
 torch::Tensor LlamaModel::LayerForward(size_t index, const torch::Tensor& h, const AttentionInputs& in) const {
   const DecoderLayer& layer = layers_[index];
   const double eps = config_.rms_norm_eps;
-  torch::Tensor r = h + Attention(layer, FusedRmsNorm(h, layer.input_norm, eps), in);
-  torch::Tensor x = FusedRmsNorm(r, layer.post_attention_norm, eps);
-  const std::vector<torch::Tensor> gate_up = ForwardShared({&layer.gate_proj, &layer.up_proj}, x, training_);
-  return r + ForwardShared({&layer.down_proj}, FusedSwiGlu(gate_up[0], gate_up[1]), training_)[0];
+  // Each producer leaves its consumer group's spare columns (engine/linear_group.h).
+  torch::Tensor r = h + Attention(layer, FusedRmsNorm(h, layer.input_norm, eps, layer.qkv.spare_columns()), in);
+  torch::Tensor x = FusedRmsNorm(r, layer.post_attention_norm, eps, layer.gate_up.spare_columns());
+  const std::vector<torch::Tensor> gate_up = ForwardGroup(layer.gate_up, {&layer.gate_proj, &layer.up_proj}, x, training_);
+  const torch::Tensor act = FusedSwiGlu(gate_up[0], gate_up[1], layer.down.spare_columns());
+  return r + ForwardGroup(layer.down, {&layer.down_proj}, act, training_)[0];
+}
+
+void LlamaModel::WidenLinearGroups() {
+  for (DecoderLayer& l : layers_) {
+    Widen(l.qkv, {&l.q_proj, &l.k_proj, &l.v_proj});
+    Widen(l.o, {&l.o_proj});
+    Widen(l.gate_up, {&l.gate_proj, &l.up_proj});
+    Widen(l.down, {&l.down_proj});
+  }
 }
 
 torch::Tensor LlamaModel::Hidden(const torch::Tensor& input_ids, const torch::Tensor& position_ids,

@@ -34,6 +34,7 @@
 #include "common/status.h"
 #include "engine/cudnn_attention.h"
 #include "engine/linear.h"
+#include "engine/linear_group.h"
 #include "engine/model_config.h"
 
 namespace trainerd::engine {
@@ -42,6 +43,9 @@ struct DecoderLayer {
   torch::Tensor input_norm;           // (H)
   torch::Tensor post_attention_norm;  // (H)
   Linear q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj;
+  // The modules that read one input, as groups (engine/linear_group.h):
+  // q|k|v, o, gate|up, down. Widened by LlamaModel::WidenLinearGroups.
+  LinearGroup qkv, o, gate_up, down;
 
   // The layer's linear modules by their short name (q_proj ... down_proj).
   Linear* Module(const std::string& short_name);
@@ -142,6 +146,12 @@ class LlamaModel {
                                    const PackedSegments& segments) const;
   // Decoder layer `index` on h (B, T, H) -> (B, T, H).
   torch::Tensor LayerForward(size_t index, const torch::Tensor& h, const AttentionInputs& in) const;
+
+  // Moves every layer's frozen projection weights into its groups' widened
+  // matrices (engine/linear_group.h), laid out for the LoRA attached now: call
+  // once LoRA is attached, for LoRA fine-tuning. The weights keep their names
+  // and values (as views).
+  void WidenLinearGroups();
 
   std::vector<DecoderLayer>& layers() { return layers_; }
   const std::vector<DecoderLayer>& layers() const { return layers_; }

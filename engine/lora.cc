@@ -39,6 +39,7 @@ void AttachLora(LlamaModel& model, const LoraSettings& settings) {
       linear->lora = std::move(w);
     }
   }
+  model.WidenLinearGroups();
 }
 
 StatusOr<LoraSettings> ReadPeftAdapterConfig(const std::string& adapter_dir) {

@@ -28,7 +28,8 @@ struct LoraSettings {
 // Attaches fresh adapters to every targeted linear layer with PEFT's default
 // initialisation: A ~ kaiming_uniform(a=sqrt(5)) i.e. U(-1/sqrt(in), 1/sqrt(in)),
 // B = 0, both float32 on the model's device and trainable. Draws from the
-// default generator of the model's device.
+// default generator of the model's device. Then widens the model's linear
+// groups for these adapters (LlamaModel::WidenLinearGroups).
 void AttachLora(LlamaModel& model, const LoraSettings& settings);
 
 // Reads a PEFT adapter folder's adapter_config.json. Rejects what the engine

@@ -10,6 +10,7 @@
 #include "engine/flops.h"
 #include "engine/fused_adamw.h"
 #include "engine/linear.h"
+#include "engine/linear_group.h"
 #include "engine/linear_cross_entropy.h"
 #include "engine/llama_model.h"
 #include "engine/lora.h"
@@ -132,11 +133,14 @@ TEST(ActivationCheckpointing, SameLossAndGradientsWithDropout) {
   }
 }
 
-// The shared-input node (ForwardShared) gives each layer's Forward outputs and
-// the same gradients for the input and every LoRA matrix: q|k|v-like groups
-// with a bias on one layer and no LoRA on another, and an input that needs no
-// gradient (the first layer's), where the adapters must still get theirs.
-TEST(SharedInputLinears, MatchTheLayersOneByOne) {
+// The widened group node (engine/linear_group.h) gives each layer's Forward
+// outputs and the same gradients for the input and every LoRA matrix: a
+// q|k|v-like group with a bias on one layer and no LoRA on another; an input
+// that needs no gradient (the first layer's), where the adapters must still
+// get theirs; and an input a producer wrote into rows with the group's spare
+// columns (used in place, not copied). Run twice, so the second forward
+// rewrites the widened matrix's B columns from B after a change to B.
+TEST(LinearGroup, MatchesTheLayersOneByOne) {
   torch::manual_seed(5);
   const auto opts = torch::TensorOptions().dtype(TorchTestDtype()).device(TorchTestDevice());
   const auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(TorchTestDevice());
@@ -149,55 +153,88 @@ TEST(SharedInputLinears, MatchTheLayersOneByOne) {
     if (i == 1) layers[i].bias = torch::randn({outs[i]}, opts);
     if (i != 2) {
       engine::LoraWeights w;
-      w.a = (torch::randn({4, in}, f32) * 0.3).set_requires_grad(true);
-      w.b = (torch::randn({outs[i], 4}, f32) * 0.3).set_requires_grad(true);
+      w.a = (torch::randn({i == 0 ? 4 : 3, in}, f32) * 0.3).set_requires_grad(true);
+      w.b = (torch::randn({outs[i], i == 0 ? 4 : 3}, f32) * 0.3).set_requires_grad(true);
       w.scaling = i == 0 ? 2.0 : 0.5;
       layers[i].lora = w;
     }
   }
-  std::vector<const engine::Linear*> group{&layers[0], &layers[1], &layers[2]};
-  for (bool input_needs_grad : {true, false}) {
-    // Forward, then a loss that weighs every output differently.
-    auto run = [&](bool shared) {
-      torch::Tensor x = torch::randn({2, 5, in}, torch::TensorOptions().dtype(TorchTestDtype()).device(TorchTestDevice()).requires_grad(input_needs_grad));
-      std::vector<torch::Tensor> ys;
-      if (shared) {
-        ys = engine::ForwardShared(group, x, /*training=*/true);
-      } else {
-        for (const engine::Linear* l : group) ys.push_back(l->Forward(x, /*training=*/true));
-      }
-      torch::Tensor loss = torch::zeros({}, f32);
-      for (size_t i = 0; i < ys.size(); ++i) {
-        EXPECT_EQ(ys[i].sizes(), (std::vector<int64_t>{2, 5, outs[i]}));
-        loss = loss + (ys[i].to(torch::kFloat32) * torch::linspace(-1, 1, outs[i], f32) * double(i + 1)).sum();
-      }
-      for (auto& l : layers) {
-        if (l.lora) {
-          l.lora->a.mutable_grad() = torch::Tensor();
-          l.lora->b.mutable_grad() = torch::Tensor();
+  // The widened copies share the LoRA parameters; their weights move into the group.
+  std::vector<engine::Linear> widened = layers;
+  engine::LinearGroup group;
+  engine::Widen(group, {&widened[0], &widened[1], &widened[2]});
+  ASSERT_EQ(group.cols, 8);  // ranks 4 + 3, padded to 8
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_TRUE(torch::equal(widened[i].weight, layers[i].weight)) << "weight " << i;
+    EXPECT_TRUE(widened[i].weight.is_alias_of(group.widened)) << "weight " << i;
+  }
+  std::vector<const engine::Linear*> plain_members{&layers[0], &layers[1], &layers[2]};
+  std::vector<const engine::Linear*> group_members{&widened[0], &widened[1], &widened[2]};
+  for (int round = 0; round < 2; ++round) {
+    for (int input = 0; input < 3; ++input) {  // 0: needs grad; 1: needs none; 2: in wider rows
+      const bool input_needs_grad = input != 1;
+      // Forward, then a loss that weighs every output differently.
+      auto run = [&](bool grouped) {
+        torch::Tensor p = torch::randn({2, 5, in}, opts).requires_grad_(input_needs_grad);
+        torch::Tensor x = p;
+        if (grouped && input == 2) {
+          torch::Tensor rows = torch::full({10, in + group.cols}, 7.0, opts);  // spare columns hold junk
+          x = rows.narrow(1, 0, in);
+          x.copy_(p.view({10, in}));
         }
-      }
-      loss.backward();
-      std::vector<torch::Tensor> out(ys.begin(), ys.end());
-      if (input_needs_grad) out.push_back(x.grad());
-      for (auto& l : layers) {
-        if (l.lora) {
-          out.push_back(l.lora->a.grad().clone());
-          out.push_back(l.lora->b.grad().clone());
+        std::vector<torch::Tensor> ys;
+        if (grouped) {
+          ys = engine::ForwardGroup(group, group_members, x, /*training=*/true);
+        } else {
+          for (const engine::Linear* l : plain_members) ys.push_back(l->Forward(x, /*training=*/true));
         }
+        torch::Tensor loss = torch::zeros({}, f32);
+        for (size_t i = 0; i < ys.size(); ++i) {
+          EXPECT_EQ(ys[i].size(-1), outs[i]);
+          loss = loss + (ys[i].to(torch::kFloat32) * torch::linspace(-1, 1, outs[i], f32) * double(i + 1)).sum();
+        }
+        for (auto& l : layers) {
+          if (l.lora) {
+            l.lora->a.mutable_grad() = torch::Tensor();
+            l.lora->b.mutable_grad() = torch::Tensor();
+          }
+        }
+        loss.backward();
+        std::vector<torch::Tensor> out;
+        for (const auto& y : ys) out.push_back(y.reshape({-1, y.size(-1)}));
+        if (input_needs_grad) out.push_back(p.grad());
+        for (auto& l : layers) {
+          if (l.lora) {
+            out.push_back(l.lora->a.grad().clone());
+            out.push_back(l.lora->b.grad().clone());
+          }
+        }
+        return out;
+      };
+      torch::manual_seed(9 + input);
+      const std::vector<torch::Tensor> plain = run(false);
+      torch::manual_seed(9 + input);
+      const std::vector<torch::Tensor> grouped = run(true);
+      ASSERT_EQ(plain.size(), grouped.size());
+      for (size_t i = 0; i < plain.size(); ++i) {
+        ASSERT_TRUE(grouped[i].defined()) << "tensor " << i;
+        EXPECT_LE(RelativeError(grouped[i], plain[i]), TestTolerances().loss * 10)
+            << "tensor " << i << " (round " << round << ", input " << input << ")";
       }
-      return out;
-    };
-    torch::manual_seed(9);
-    const std::vector<torch::Tensor> plain = run(false);
-    torch::manual_seed(9);
-    const std::vector<torch::Tensor> shared = run(true);
-    ASSERT_EQ(plain.size(), shared.size());
-    for (size_t i = 0; i < plain.size(); ++i) {
-      ASSERT_TRUE(shared[i].defined()) << "tensor " << i;
-      EXPECT_LE(RelativeError(shared[i], plain[i]), TestTolerances().loss * 10)
-          << "tensor " << i << " (input needs grad: " << input_needs_grad << ")";
     }
+    torch::NoGradGuard no_grad;
+    for (auto& l : layers) {
+      if (l.lora) l.lora->b.add_(0.1);
+    }
+  }
+  // LoRA dropout in training: each layer's own Forward (the same draws as one by one).
+  for (auto* l : {&widened[0], &widened[1]}) l->lora->dropout = 0.5;
+  torch::Tensor x = torch::randn({3, in}, opts);
+  torch::manual_seed(3);
+  const auto ys = engine::ForwardGroup(group, group_members, x, /*training=*/true);
+  torch::manual_seed(3);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_TRUE(torch::equal(ys[i], widened[i].Forward(x, /*training=*/true))) << "member " << i;
   }
 }
 

@@ -1,0 +1,241 @@
+#include "engine/linear_group.h"
+
+#include <cstdint>
+
+namespace trainerd::engine {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::tensor_list;
+
+// B columns are padded to a multiple of this: rows of the widened matrix and
+// input stay 16-byte aligned in 16-bit dtypes (cuBLAS's fast paths).
+constexpr int64_t kColumnAlignment = 8;
+
+int64_t Sum(const std::vector<int64_t>& v) {
+  int64_t s = 0;
+  for (int64_t x : v) s += x;
+  return s;
+}
+
+// (N, in + cols) view of x's buffer when x (N, in) is the left part of rows
+// `in + cols` apart that the buffer holds in full (a producer left the room:
+// LinearGroup::spare_columns); undefined otherwise.
+torch::Tensor WidenedView(const torch::Tensor& x, int64_t in, int64_t cols) {
+  const int64_t row = in + cols;
+  if (cols == 0 || x.dim() != 2 || x.size(1) != in || x.stride(1) != 1 || x.stride(0) != row) return {};
+  const int64_t needed = (x.storage_offset() + x.size(0) * row) * static_cast<int64_t>(x.element_size());
+  if (static_cast<int64_t>(x.storage().nbytes()) < needed) return {};
+  // Through detach: the node writes the spare columns, which autograd does
+  // not track (nothing reads them but this node).
+  return x.detach().as_strided({x.size(0), row}, {row, 1});
+}
+
+// y_i = x W_i^T (+ bias_i) + s_i (x A_i^T) B_i^T for every member i, as one
+// GEMM of the widened input and matrix (see the header). Inputs: x (N, in),
+// then the LoRA members' A and B, in member order. The widened matrix, the
+// stacked bias and the layout come through saved_data-like arguments.
+class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFunction> {
+ public:
+  static tensor_list forward(AutogradContext* ctx, const torch::Tensor& x, at::TensorList lora,
+                             const LinearGroup& group, const std::vector<double>& scaling) {
+    const int64_t n = x.size(0), in = group.in, cols = group.cols;
+    const int64_t rank = Sum(group.ranks);
+    torch::Tensor x_ext = WidenedView(x, in, cols);
+    if (!x_ext.defined()) {
+      x_ext = torch::empty({n, in + cols}, x.options());
+      x_ext.narrow(1, 0, in).copy_(x);
+    }
+    if (cols > rank) x_ext.narrow(1, in + rank, cols - rank).zero_();
+    // The A's stacked in the model dtype (rank, in); x A^T into the B columns
+    // of the widened input; each s_i B_i into its block of the widened matrix.
+    torch::Tensor a_cat;
+    if (rank > 0) {
+      std::vector<torch::Tensor> a_parts;
+      for (size_t j = 0; j < lora.size(); j += 2) a_parts.push_back(lora[j].to(x.scalar_type()));
+      a_cat = a_parts.size() == 1 ? a_parts[0] : torch::cat(a_parts, 0);
+      torch::Tensor t = x_ext.narrow(1, in, rank);
+      at::mm_out(t, x, a_cat.t());
+      int64_t row = 0, col = in, j = 0;
+      for (size_t i = 0; i < group.outs.size(); ++i) {
+        if (group.ranks[i] > 0) {
+          group.widened.narrow(0, row, group.outs[i]).narrow(1, col, group.ranks[i]).copy_(lora[j + 1] * scaling[i]);
+          col += group.ranks[i];
+          j += 2;
+        }
+        row += group.outs[i];
+      }
+    }
+    const torch::Tensor y = group.bias.defined() ? torch::addmm(group.bias, x_ext, group.widened.t())
+                                                 : torch::mm(x_ext, group.widened.t());  // (N, sum out)
+    tensor_list outputs;
+    int64_t row = 0;
+    for (int64_t out : group.outs) {
+      outputs.push_back(y.narrow(1, row, out));
+      row += out;
+    }
+    tensor_list saved{x_ext.detach(), a_cat};
+    for (const auto& t : lora) saved.push_back(t);
+    ctx->save_for_backward(saved);
+    // The widened matrix is rewritten by every forward (its B columns): kept
+    // out of save_for_backward's version check; B does not change between a
+    // forward and its backward (the optimizer steps after the backward).
+    ctx->saved_data["widened"] = group.widened;
+    ctx->saved_data["in"] = in;
+    ctx->saved_data["outs"] = group.outs;
+    ctx->saved_data["ranks"] = group.ranks;
+    ctx->saved_data["scaling"] = scaling;
+    return outputs;
+  }
+
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    const tensor_list saved = ctx->get_saved_variables();
+    const torch::Tensor& x_ext = saved[0];
+    const torch::Tensor& a_cat = saved[1];
+    const at::ArrayRef<torch::Tensor> lora = at::ArrayRef<torch::Tensor>(saved).slice(2);
+    const torch::Tensor widened = ctx->saved_data["widened"].toTensor();
+    const int64_t in = ctx->saved_data["in"].toInt();
+    const auto outs = ctx->saved_data["outs"].toIntVector();
+    const auto ranks = ctx->saved_data["ranks"].toIntVector();
+    const auto scaling = ctx->saved_data["scaling"].toDoubleVector();
+    const int64_t rank = Sum(ranks);
+    const bool need_x = ctx->needs_input_grad(0);
+
+    const torch::Tensor g = StackedGradient(grads, outs, x_ext);  // (N, sum out)
+    const torch::Tensor x = x_ext.narrow(1, 0, in);
+    torch::Tensor grad_x, u;  // u = s g B (N, rank), every LoRA member's columns
+    if (need_x) {
+      // g [W | sB | 0] = [g W | u | 0]: the input gradient and u from one GEMM.
+      const torch::Tensor grad_ext = torch::mm(g, widened);
+      grad_x = grad_ext.narrow(1, 0, in);
+      if (rank > 0) u = grad_ext.narrow(1, in, rank);
+    } else if (rank > 0) {
+      u = torch::mm(g, widened.narrow(1, in, rank));
+    }
+    tensor_list result{grad_x};
+    if (rank > 0) {
+      const torch::Tensor t = x_ext.narrow(1, in, rank);  // x A^T
+      const torch::Tensor grad_a = torch::mm(u.t(), x);   // (rank, in)
+      int64_t row = 0, col = 0;
+      size_t j = 0;
+      for (size_t i = 0; i < outs.size(); ++i) {
+        if (ranks[i] > 0) {
+          const torch::Tensor& a = lora[j];
+          const torch::Tensor& b = lora[j + 1];
+          // dA_i = u_i^T x; dB_i = s_i g_i^T t_i; back to the float32 parameters.
+          result.push_back(grad_a.narrow(0, col, ranks[i]).to(a.scalar_type()));
+          result.push_back(torch::mm(g.narrow(1, row, outs[i]).t(), t.narrow(1, col, ranks[i]))
+                               .mul_(scaling[i])
+                               .to(b.scalar_type()));
+          col += ranks[i];
+          j += 2;
+        }
+        row += outs[i];
+      }
+      if (need_x) grad_x.addmm_(u, a_cat);
+    }
+    result.push_back(torch::Tensor());  // group
+    result.push_back(torch::Tensor());  // scaling
+    return result;
+  }
+
+ private:
+  // The members' output gradients side by side (N, sum out): the buffer they
+  // already share when a consumer wrote them so (the fused SwiGLU backward
+  // does, for gate|up), else a concatenation; zeros for an unused output.
+  static torch::Tensor StackedGradient(const tensor_list& grads, const std::vector<int64_t>& outs,
+                                       const torch::Tensor& like) {
+    const int64_t n = like.size(0), total = Sum(outs);
+    if (grads.size() == 1 && grads[0].defined()) return grads[0];
+    bool adjacent = true;
+    for (size_t i = 0; i < grads.size() && adjacent; ++i) {
+      const torch::Tensor& gi = grads[i];
+      adjacent = gi.defined() && gi.dim() == 2 && gi.stride(1) == 1 && gi.stride(0) == total &&
+                 gi.storage().is_alias_of(grads[0].storage()) && gi.storage_offset() == grads[0].storage_offset() +
+                 Sum(std::vector<int64_t>(outs.begin(), outs.begin() + static_cast<std::ptrdiff_t>(i)));
+    }
+    if (adjacent) return grads[0].as_strided({n, total}, {total, 1});
+    std::vector<torch::Tensor> parts;
+    for (size_t i = 0; i < grads.size(); ++i) {
+      parts.push_back(grads[i].defined() ? grads[i] : torch::zeros({n, outs[i]}, like.options()));
+    }
+    return torch::cat(parts, 1);
+  }
+};
+
+// Whether the widened node applies: the group is widened for exactly these
+// members' ranks, and no LoRA dropout runs (training with dropout > 0).
+bool WidenedNodeApplies(const LinearGroup& group, const std::vector<const Linear*>& members, bool training) {
+  if (!group.widened.defined() || members.size() != group.outs.size()) return false;
+  for (size_t i = 0; i < members.size(); ++i) {
+    const Linear* l = members[i];
+    if (l->weight.requires_grad() || (l->bias.defined() && l->bias.requires_grad())) return false;
+    if (group.ranks[i] != (l->lora ? l->lora->a.size(0) : 0)) return false;
+    if (l->lora && training && l->lora->dropout > 0) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+void Widen(LinearGroup& group, const std::vector<Linear*>& members) {
+  torch::NoGradGuard no_grad;
+  group = LinearGroup();
+  group.in = members.front()->weight.size(1);
+  bool any_bias = false;
+  for (const Linear* l : members) {
+    group.outs.push_back(l->weight.size(0));
+    group.ranks.push_back(l->lora ? l->lora->a.size(0) : 0);
+    any_bias = any_bias || l->bias.defined();
+  }
+  const int64_t rank = Sum(group.ranks);
+  group.cols = (rank + kColumnAlignment - 1) / kColumnAlignment * kColumnAlignment;
+  const torch::Tensor& w0 = members.front()->weight;
+  group.widened = torch::zeros({Sum(group.outs), group.in + group.cols}, w0.options());
+  if (any_bias) group.bias = torch::zeros({Sum(group.outs)}, w0.options());
+  int64_t row = 0;
+  for (Linear* l : members) {
+    const int64_t out = l->weight.size(0);
+    torch::Tensor rows = group.widened.narrow(0, row, out).narrow(1, 0, group.in);
+    rows.copy_(l->weight);
+    l->weight = rows;
+    if (l->bias.defined()) {
+      torch::Tensor b = group.bias.narrow(0, row, out);
+      b.copy_(l->bias);
+      l->bias = b;
+    }
+    row += out;
+  }
+}
+
+std::vector<torch::Tensor> ForwardGroup(const LinearGroup& group, const std::vector<const Linear*>& members,
+                                        const torch::Tensor& x, bool training) {
+  std::vector<torch::Tensor> outputs;
+  if (!WidenedNodeApplies(group, members, training)) {
+    for (const Linear* l : members) outputs.push_back(l->Forward(x, training));
+    return outputs;
+  }
+  const int64_t in = x.size(-1);
+  // (N, in) keeping a producer's wider rows (x.reshape would too, but only
+  // when the leading dimensions merge without a copy, which they do here).
+  const torch::Tensor x2 = x.dim() == 2 ? x : x.reshape({-1, in});
+  std::vector<torch::Tensor> lora;
+  std::vector<double> scaling;
+  for (const Linear* l : members) {
+    scaling.push_back(l->lora ? l->lora->scaling : 0.0);
+    if (l->lora) {
+      lora.push_back(l->lora->a);
+      lora.push_back(l->lora->b);
+    }
+  }
+  tensor_list ys = WidenedGroupFunction::apply(x2, at::TensorList(lora), group, scaling);
+  for (size_t i = 0; i < members.size(); ++i) {
+    std::vector<int64_t> shape = x.sizes().vec();
+    shape.back() = group.outs[i];
+    outputs.push_back(ys[i].view(shape));
+  }
+  return outputs;
+}
+
+}  // namespace trainerd::engine

@@ -1,0 +1,61 @@
+// Linear layers of the decoder that read the same input (q|k|v, gate|up, and
+// o or down alone), run as one GEMM with their LoRA updates inside it, for
+// LoRA fine-tuning (frozen base weights).
+//
+// The group keeps its members' frozen weights in one widened matrix
+//   widened = [ W_1 | s_1 B_1            ]   (sum out_i, in + cols)
+//             [ W_2 |        s_2 B_2     ]
+//             [ ... |               ...  | 0 ]
+// whose first `in` columns are the weights stacked by rows (each member's
+// `weight` is a view of its rows) and whose last `cols` columns hold every
+// LoRA member's scaled B, block-diagonal, padded with zeros to a multiple of 8
+// (rows stay 16-byte aligned). The input is widened the same way,
+// x_ext = [x | x A^T | 0] with A = [A_1; A_2; ...], so that
+//   y = x_ext widened^T = [x W_i^T + s_i (x A_i^T) B_i^T]_i
+// is one GEMM: the LoRA terms cost a few more columns of the frozen product
+// instead of a pass over each (N, out_i) output, and in the backward
+// g widened = [g W | s g B] gives the input gradient and the LoRA term's
+// u = s g B from one GEMM too. B is the float32 parameter (PEFT's master
+// copy); its scaled model-dtype copy is written into `widened` on every
+// forward, so the matrix is a cache, never the source of truth.
+//
+// Where the node does not apply (weights that need gradients, LoRA dropout in
+// training, a group not widened), each member's Linear::Forward runs and
+// autograd does the rest. Same products in the model dtype as Forward, with
+// the scaling folded into B's copy; sums may be ordered differently.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "engine/linear.h"
+
+namespace trainerd::engine {
+
+struct LinearGroup {
+  torch::Tensor widened;       // (sum out_i, in + cols) in the model dtype; undefined until Widen
+  torch::Tensor bias;          // (sum out_i) when a member has a bias (zeros for the others)
+  int64_t in = 0;              // the members' input width
+  int64_t cols = 0;            // the B columns, padding included
+  std::vector<int64_t> outs;   // per member: its rows
+  std::vector<int64_t> ranks;  // per member: its LoRA rank, 0 without LoRA
+
+  // The columns a producer of this group's input may leave after each row
+  // (FusedRmsNorm, FusedSwiGlu) so that the node widens the input in place.
+  int64_t spare_columns() const { return widened.defined() ? cols : 0; }
+};
+
+// Moves `members`' weights (and biases) into group.widened (group.bias): each
+// member's weight (bias) becomes a view of its rows. The members' LoRA, as
+// attached now, lays out the B columns. Frees the members' separate weights.
+void Widen(LinearGroup& group, const std::vector<Linear*>& members);
+
+// Each member applied to x (..., in): their outputs (..., out_i) in order, as
+// Linear::Forward gives them. On the widened node the outputs are column views
+// of one (N, sum out_i) product (row stride sum out_i).
+std::vector<torch::Tensor> ForwardGroup(const LinearGroup& group, const std::vector<const Linear*>& members,
+                                        const torch::Tensor& x, bool training);
+
+}  // namespace trainerd::engine
