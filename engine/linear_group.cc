@@ -43,19 +43,20 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
     const int64_t n = x.size(0), in = group.in, cols = group.cols;
     const int64_t rank = Sum(group.ranks);
     torch::Tensor x_ext = WidenedView(x, in, cols);
-    if (!x_ext.defined()) {
+    const bool in_place = x_ext.defined();
+    if (!in_place) {
       x_ext = torch::empty({n, in + cols}, x.options());
       x_ext.narrow(1, 0, in).copy_(x);
     }
     if (cols > rank) x_ext.narrow(1, in + rank, cols - rank).zero_();
     // The A's stacked in the model dtype (rank, in); x A^T into the B columns
     // of the widened input; each s_i B_i into its block of the widened matrix.
-    torch::Tensor a_cat;
+    torch::Tensor a_cat, t;
     if (rank > 0) {
       std::vector<torch::Tensor> a_parts;
       for (size_t j = 0; j < lora.size(); j += 2) a_parts.push_back(lora[j].to(x.scalar_type()));
       a_cat = a_parts.size() == 1 ? a_parts[0] : torch::cat(a_parts, 0);
-      torch::Tensor t = x_ext.narrow(1, in, rank);
+      t = x_ext.narrow(1, in, rank);
       at::mm_out(t, x, a_cat.t());
       int64_t row = 0, col = in, j = 0;
       for (size_t i = 0; i < group.outs.size(); ++i) {
@@ -75,7 +76,11 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
       outputs.push_back(y.narrow(1, row, out));
       row += out;
     }
-    tensor_list saved{x_ext.detach(), a_cat};
+    // Kept for the backward: x itself, not the widened copy (whoever else
+    // keeps x, attention for o's input, shares it), and t = x A^T, a view of
+    // the producer's buffer or else a copy of its few columns, so that a
+    // widened copy is freed with this forward.
+    tensor_list saved{x, rank > 0 ? (in_place ? t.detach() : t.clone()) : t, a_cat};
     for (const auto& t : lora) saved.push_back(t);
     ctx->save_for_backward(saved);
     // The widened matrix is rewritten by every forward (its B columns): kept
@@ -91,9 +96,10 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
 
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
     const tensor_list saved = ctx->get_saved_variables();
-    const torch::Tensor& x_ext = saved[0];
-    const torch::Tensor& a_cat = saved[1];
-    const at::ArrayRef<torch::Tensor> lora = at::ArrayRef<torch::Tensor>(saved).slice(2);
+    const torch::Tensor& x = saved[0];  // (N, in)
+    const torch::Tensor& t = saved[1];  // (N, rank): x A^T
+    const torch::Tensor& a_cat = saved[2];
+    const at::ArrayRef<torch::Tensor> lora = at::ArrayRef<torch::Tensor>(saved).slice(3);
     const torch::Tensor widened = ctx->saved_data["widened"].toTensor();
     const int64_t in = ctx->saved_data["in"].toInt();
     const auto outs = ctx->saved_data["outs"].toIntVector();
@@ -102,8 +108,7 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
     const int64_t rank = Sum(ranks);
     const bool need_x = ctx->needs_input_grad(0);
 
-    const torch::Tensor g = StackedGradient(grads, outs, x_ext);  // (N, sum out)
-    const torch::Tensor x = x_ext.narrow(1, 0, in);
+    const torch::Tensor g = StackedGradient(grads, outs, x);  // (N, sum out)
     torch::Tensor grad_x, u;  // u = s g B (N, rank), every LoRA member's columns
     if (need_x) {
       // g [W | sB | 0] = [g W | u | 0]: the input gradient and u from one GEMM.
@@ -115,7 +120,6 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
     }
     tensor_list result{grad_x};
     if (rank > 0) {
-      const torch::Tensor t = x_ext.narrow(1, in, rank);  // x A^T
       const torch::Tensor grad_a = torch::mm(u.t(), x);   // (rank, in)
       int64_t row = 0, col = 0;
       size_t j = 0;

@@ -254,8 +254,11 @@ torch::Tensor LlamaModel::Attention(const DecoderLayer& layer, const torch::Tens
                                     const AttentionInputs& in) const {
   const int64_t b = x.size(0), t = x.size(1), d = config_.head_dim;
   const int64_t nh = config_.num_attention_heads, nkv = config_.num_key_value_heads;
-  const std::vector<torch::Tensor> qkv =
-      ForwardGroup(layer.qkv, {&layer.q_proj, &layer.k_proj, &layer.v_proj}, x, training_);
+  std::vector<torch::Tensor> qkv = ForwardGroup(layer.qkv, {&layer.q_proj, &layer.k_proj, &layer.v_proj}, x, training_);
+  // v of its own (16 MB at 8B's 4x2048): attention keeps v for its backward,
+  // and a view of the widened group's product would keep all of q|k|v alive;
+  // q and k are rotated into new tensors anyway.
+  qkv[2] = qkv[2].contiguous();
   auto o_proj = [&](const torch::Tensor& o) { return ForwardGroup(layer.o, {&layer.o_proj}, o, training_)[0]; };
   if (in.segments.defined()) {
     torch::Tensor q = qkv[0].view({b * t, nh, d});
