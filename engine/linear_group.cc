@@ -34,15 +34,16 @@ torch::Tensor WidenedView(const torch::Tensor& x, int64_t in, int64_t cols) {
 
 // y_i = x W_i^T (+ bias_i) + s_i (x A_i^T) B_i^T for every member i, as one
 // GEMM of the widened input and matrix (see the header). Inputs: x (N, in),
-// then the LoRA members' A and B, in member order. The widened matrix, the
-// stacked bias and the layout come through saved_data-like arguments.
+// then the LoRA members' A and B, in member order; the group (widened
+// matrix, stacked bias, layout) and the members' scalings, not differentiated.
 class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFunction> {
  public:
   static tensor_list forward(AutogradContext* ctx, const torch::Tensor& x, at::TensorList lora,
                              const LinearGroup& group, const std::vector<double>& scaling) {
     const int64_t n = x.size(0), in = group.in, cols = group.cols;
     const int64_t rank = Sum(group.ranks);
-    torch::Tensor x_ext = WidenedView(x, in, cols);
+    // No LoRA member (cols 0): the stacked product of x as it is.
+    torch::Tensor x_ext = cols == 0 ? x : WidenedView(x, in, cols);
     const bool in_place = x_ext.defined();
     if (!in_place) {
       x_ext = torch::empty({n, in + cols}, x.options());

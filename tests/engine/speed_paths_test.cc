@@ -238,6 +238,29 @@ TEST(LinearGroup, MatchesTheLayersOneByOne) {
   }
 }
 
+// A group without LoRA (a projection the adapters do not target): the stacked
+// frozen product, no widening, the input gradient as one by one.
+TEST(LinearGroup, WithoutLoraIsTheStackedProduct) {
+  torch::manual_seed(6);
+  const auto opts = torch::TensorOptions().dtype(TorchTestDtype()).device(TorchTestDevice());
+  std::vector<engine::Linear> layers(2);
+  for (int i = 0; i < 2; ++i) layers[i].weight = torch::randn({8 + 4 * i, 16}, opts) * 0.2;
+  std::vector<engine::Linear> widened = layers;
+  engine::LinearGroup group;
+  engine::Widen(group, {&widened[0], &widened[1]});
+  EXPECT_EQ(group.cols, 0);
+  EXPECT_EQ(group.spare_columns(), 0);
+  torch::Tensor x = torch::randn({3, 16}, opts).requires_grad_();
+  torch::Tensor x2 = x.detach().clone().requires_grad_();
+  const auto ys = engine::ForwardGroup(group, {&widened[0], &widened[1]}, x, /*training=*/true);
+  (ys[0].sum() + 2 * ys[1].sum()).backward();
+  (layers[0].Forward(x2, true).sum() + 2 * layers[1].Forward(x2, true).sum()).backward();
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_LE(RelativeError(ys[i], layers[i].Forward(x2, true)), TestTolerances().loss * 10) << "member " << i;
+  }
+  EXPECT_LE(RelativeError(x.grad(), x2.grad()), TestTolerances().loss * 10);
+}
+
 // The fused AdamW (CUDA, LibTorch 2.x) and the plain one take the same steps;
 // elsewhere FusedAdamW is the plain step. State stays in the optimizer.
 TEST(FusedAdamW, MatchesThePlainOptimizer) {
