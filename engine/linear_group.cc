@@ -59,6 +59,7 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
       a_cat = a_parts.size() == 1 ? a_parts[0] : torch::cat(a_parts, 0);
       t = x_ext.narrow(1, in, rank);
       at::mm_out(t, x, a_cat.t());
+      if (group.a_rows > 0) group.widened.narrow(0, Sum(group.outs), rank).narrow(1, 0, in).copy_(a_cat);
       int64_t row = 0, col = in, j = 0;
       for (size_t i = 0; i < group.outs.size(); ++i) {
         if (group.ranks[i] > 0) {
@@ -69,8 +70,9 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
         row += group.outs[i];
       }
     }
-    const torch::Tensor y = group.bias.defined() ? torch::addmm(group.bias, x_ext, group.widened.t())
-                                                 : torch::mm(x_ext, group.widened.t());  // (N, sum out)
+    const torch::Tensor top = group.widened.narrow(0, 0, Sum(group.outs));  // [W | sB | 0]
+    const torch::Tensor y = group.bias.defined() ? torch::addmm(group.bias, x_ext, top.t())
+                                                 : torch::mm(x_ext, top.t());  // (N, sum out)
     tensor_list outputs;
     int64_t row = 0;
     for (int64_t out : group.outs) {
@@ -110,14 +112,29 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
     const bool need_x = ctx->needs_input_grad(0);
 
     const torch::Tensor g = StackedGradient(grads, outs, x);  // (N, sum out)
+    const int64_t out_total = Sum(outs);
+    const torch::Tensor top = widened.narrow(0, 0, out_total);  // [W | sB | 0]
     torch::Tensor grad_x, u;  // u = s g B (N, rank), every LoRA member's columns
-    if (need_x) {
+    bool lora_term_in_gemm = false;
+    if (need_x && rank > 0 && widened.size(0) > out_total) {
+      // Input wider than the output (down): u first, a thin product over g,
+      // then [g | u | 0] [W ; A ; 0] = g W + u A, so that no pass over the
+      // wide input gradient follows.
+      const int64_t a_rows = widened.size(0) - out_total;
+      const torch::Tensor g_ext = torch::empty({g.size(0), out_total + a_rows}, g.options());
+      g_ext.narrow(1, 0, out_total).copy_(g);
+      if (a_rows > rank) g_ext.narrow(1, out_total + rank, a_rows - rank).zero_();
+      u = g_ext.narrow(1, out_total, rank);
+      at::mm_out(u, g, top.narrow(1, in, rank));
+      grad_x = torch::mm(g_ext, widened.narrow(1, 0, in));
+      lora_term_in_gemm = true;
+    } else if (need_x) {
       // g [W | sB | 0] = [g W | u | 0]: the input gradient and u from one GEMM.
-      const torch::Tensor grad_ext = torch::mm(g, widened);
+      const torch::Tensor grad_ext = torch::mm(g, top);
       grad_x = grad_ext.narrow(1, 0, in);
       if (rank > 0) u = grad_ext.narrow(1, in, rank);
     } else if (rank > 0) {
-      u = torch::mm(g, widened.narrow(1, in, rank));
+      u = torch::mm(g, top.narrow(1, in, rank));
     }
     tensor_list result{grad_x};
     if (rank > 0) {
@@ -138,7 +155,7 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
         }
         row += outs[i];
       }
-      if (need_x) grad_x.addmm_(u, a_cat);
+      if (need_x && !lora_term_in_gemm) grad_x.addmm_(u, a_cat);
     }
     result.push_back(torch::Tensor());  // group
     result.push_back(torch::Tensor());  // scaling
@@ -196,8 +213,9 @@ void Widen(LinearGroup& group, const std::vector<Linear*>& members) {
   }
   const int64_t rank = Sum(group.ranks);
   group.cols = (rank + kColumnAlignment - 1) / kColumnAlignment * kColumnAlignment;
+  group.a_rows = group.in > Sum(group.outs) ? group.cols : 0;
   const torch::Tensor& w0 = members.front()->weight;
-  group.widened = torch::zeros({Sum(group.outs), group.in + group.cols}, w0.options());
+  group.widened = torch::zeros({Sum(group.outs) + group.a_rows, group.in + group.cols}, w0.options());
   if (any_bias) group.bias = torch::zeros({Sum(group.outs)}, w0.options());
   int64_t row = 0;
   for (Linear* l : members) {

@@ -19,6 +19,12 @@
 // copy); its scaled model-dtype copy is written into `widened` on every
 // forward, so the matrix is a cache, never the source of truth.
 //
+// A group whose input is wider than its output (down: 14336 in, 4096 out)
+// also keeps the A's (model-dtype copies, rewritten on every forward) in
+// rows below the weights, [W | sB ; A | 0], so that its input gradient
+// [g | u] [W ; A] = g W + u A is one GEMM too (u first, from g and sB),
+// instead of an (N, in) pass adding u A afterwards.
+//
 // Where the node does not apply (weights that need gradients, LoRA dropout in
 // training, a group not widened), each member's Linear::Forward runs and
 // autograd does the rest. Same products in the model dtype as Forward, with
@@ -35,10 +41,11 @@
 namespace trainerd::engine {
 
 struct LinearGroup {
-  torch::Tensor widened;       // (sum out_i, in + cols) in the model dtype; undefined until Widen
+  torch::Tensor widened;       // (sum out_i + a_rows, in + cols) in the model dtype; undefined until Widen
   torch::Tensor bias;          // (sum out_i) when a member has a bias (zeros for the others)
   int64_t in = 0;              // the members' input width
   int64_t cols = 0;            // the B columns, padding included
+  int64_t a_rows = 0;          // the A rows below the weights, padding included (0: none)
   std::vector<int64_t> outs;   // per member: its rows
   std::vector<int64_t> ranks;  // per member: its LoRA rank, 0 without LoRA
 

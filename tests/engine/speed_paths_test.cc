@@ -238,6 +238,37 @@ TEST(LinearGroup, MatchesTheLayersOneByOne) {
   }
 }
 
+// A group whose input is wider than its output (down) keeps its A's in rows
+// below the weights and takes u A inside the input gradient's GEMM: the same
+// gradients as the layer on its own.
+TEST(LinearGroup, WiderInputTakesTheLoraTermInItsGemm) {
+  torch::manual_seed(7);
+  const auto opts = torch::TensorOptions().dtype(TorchTestDtype()).device(TorchTestDevice());
+  const auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(TorchTestDevice());
+  engine::Linear layer;
+  layer.weight = torch::randn({8, 40}, opts) * 0.2;
+  layer.lora = engine::LoraWeights{(torch::randn({3, 40}, f32) * 0.3).set_requires_grad(true),
+                                   (torch::randn({8, 3}, f32) * 0.3).set_requires_grad(true), 1.5, 0.0};
+  engine::Linear widened = layer;
+  engine::LinearGroup group;
+  engine::Widen(group, {&widened});
+  EXPECT_EQ(group.a_rows, 8);  // rank 3, padded
+  EXPECT_EQ(group.widened.size(0), 16);
+  auto run = [&](bool grouped) {
+    torch::manual_seed(11);
+    torch::Tensor x = torch::randn({5, 40}, opts).requires_grad_();
+    const torch::Tensor y = grouped ? engine::ForwardGroup(group, {&widened}, x, true)[0] : layer.Forward(x, true);
+    layer.lora->a.mutable_grad() = torch::Tensor();
+    layer.lora->b.mutable_grad() = torch::Tensor();
+    (y.to(torch::kFloat32) * torch::linspace(-1, 1, 8, f32)).sum().backward();
+    return std::vector<torch::Tensor>{y, x.grad(), layer.lora->a.grad().clone(), layer.lora->b.grad().clone()};
+  };
+  const auto plain = run(false), grouped = run(true);
+  for (size_t i = 0; i < plain.size(); ++i) {
+    EXPECT_LE(RelativeError(grouped[i], plain[i]), TestTolerances().loss * 10) << "tensor " << i;
+  }
+}
+
 // A group without LoRA (a projection the adapters do not target): the stacked
 // frozen product, no widening, the input gradient as one by one.
 TEST(LinearGroup, WithoutLoraIsTheStackedProduct) {
