@@ -3,9 +3,9 @@
 // LoRA fine-tuning (frozen base weights).
 //
 // The group keeps its members' frozen weights in one widened matrix
-//   widened = [ W_1 | s_1 B_1            ]   (sum out_i, in + cols)
-//             [ W_2 |        s_2 B_2     ]
-//             [ ... |               ...  | 0 ]
+//   widened = [ W_1 | s_1 B_1            ]   (sum out_i, in + cols), and the
+//             [ W_2 |        s_2 B_2     ]   A rows below for a group wider
+//             [ ... |               ...  | 0 ]   in than out (see below)
 // whose first `in` columns are the weights stacked by rows (each member's
 // `weight` is a view of its rows) and whose last `cols` columns hold every
 // LoRA member's scaled B, block-diagonal, padded with zeros to a multiple of 8
