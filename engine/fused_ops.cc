@@ -184,7 +184,8 @@ class SwiGluFunction : public torch::autograd::Function<SwiGluFunction> {
     const torch::Tensor dout = Rows(grads[0]);
     // When gate and up are the halves of one gate|up product, so are their
     // gradients: the group that made them takes them as one matrix.
-    const bool halves = in_stride == 2 * cols && static_cast<char*>(u.data_ptr()) == static_cast<char*>(g.data_ptr()) + cols * g.element_size();
+    const bool halves = in_stride == 2 * cols &&
+                        static_cast<char*>(u.data_ptr()) == static_cast<char*>(g.data_ptr()) + cols * g.element_size();
     torch::Tensor dgate, dup;
     if (halves) {
       const torch::Tensor both = torch::empty({rows, 2 * cols}, g.options());

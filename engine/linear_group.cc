@@ -171,11 +171,13 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
     const int64_t n = like.size(0), total = Sum(outs);
     if (grads.size() == 1 && grads[0].defined()) return grads[0];
     bool adjacent = true;
+    int64_t column = 0;  // where grads[i] must start in grads[0]'s rows
     for (size_t i = 0; i < grads.size() && adjacent; ++i) {
       const torch::Tensor& gi = grads[i];
       adjacent = gi.defined() && gi.dim() == 2 && gi.stride(1) == 1 && gi.stride(0) == total &&
-                 gi.storage().is_alias_of(grads[0].storage()) && gi.storage_offset() == grads[0].storage_offset() +
-                 Sum(std::vector<int64_t>(outs.begin(), outs.begin() + static_cast<std::ptrdiff_t>(i)));
+                 gi.storage().is_alias_of(grads[0].storage()) &&
+                 gi.storage_offset() == grads[0].storage_offset() + column;
+      column += outs[i];
     }
     if (adjacent) return grads[0].as_strided({n, total}, {total, 1});
     std::vector<torch::Tensor> parts;
@@ -239,10 +241,9 @@ std::vector<torch::Tensor> ForwardGroup(const LinearGroup& group, const std::vec
     for (const Linear* l : members) outputs.push_back(l->Forward(x, training));
     return outputs;
   }
-  const int64_t in = x.size(-1);
-  // (N, in) keeping a producer's wider rows (x.reshape would too, but only
-  // when the leading dimensions merge without a copy, which they do here).
-  const torch::Tensor x2 = x.dim() == 2 ? x : x.reshape({-1, in});
+  // (N, in): a view (the leading dimensions merge), so a producer's wider
+  // rows stay visible to WidenedView.
+  const torch::Tensor x2 = x.reshape({-1, x.size(-1)});
   std::vector<torch::Tensor> lora;
   std::vector<double> scaling;
   for (const Linear* l : members) {

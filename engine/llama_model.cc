@@ -300,7 +300,8 @@ torch::Tensor LlamaModel::LayerForward(size_t index, const torch::Tensor& h, con
   // Each producer leaves its consumer group's spare columns (engine/linear_group.h).
   torch::Tensor r = h + Attention(layer, FusedRmsNorm(h, layer.input_norm, eps, layer.qkv.spare_columns()), in);
   torch::Tensor x = FusedRmsNorm(r, layer.post_attention_norm, eps, layer.gate_up.spare_columns());
-  const std::vector<torch::Tensor> gate_up = ForwardGroup(layer.gate_up, {&layer.gate_proj, &layer.up_proj}, x, training_);
+  const std::vector<torch::Tensor> gate_up =
+      ForwardGroup(layer.gate_up, {&layer.gate_proj, &layer.up_proj}, x, training_);
   const torch::Tensor act = FusedSwiGlu(gate_up[0], gate_up[1], layer.down.spare_columns());
   return r + ForwardGroup(layer.down, {&layer.down_proj}, act, training_)[0];
 }

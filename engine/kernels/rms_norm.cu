@@ -280,20 +280,24 @@ std::string CheckSizes(const char* what, int64_t rows, int64_t hidden) {
 }
 
 template <typename T, bool kWeightGrad>
-void LaunchBackward(const RowPlan& p, unsigned grid, cudaStream_t s, const T* dy, int64_t dy_stride, const T* x, const T* w,
-                    const float* rstd, T* dx, float* partial, int64_t rows, int hidden) {
+void LaunchBackward(const RowPlan& p, unsigned grid, cudaStream_t s, const T* dy, int64_t dy_stride, const T* x,
+                    const T* w, const float* rstd, T* dx, float* partial, int64_t rows, int hidden) {
   switch (p.vecs_per_thread) {
     case 1:
-      RmsNormBackwardVec<T, 1, kWeightGrad><<<grid, p.threads, 0, s>>>(dy, dy_stride, x, w, rstd, dx, partial, rows, hidden);
+      RmsNormBackwardVec<T, 1, kWeightGrad><<<grid, p.threads, 0, s>>>(dy, dy_stride, x, w, rstd, dx, partial, rows,
+                                                                      hidden);
       break;
     case 2:
-      RmsNormBackwardVec<T, 2, kWeightGrad><<<grid, p.threads, 0, s>>>(dy, dy_stride, x, w, rstd, dx, partial, rows, hidden);
+      RmsNormBackwardVec<T, 2, kWeightGrad><<<grid, p.threads, 0, s>>>(dy, dy_stride, x, w, rstd, dx, partial, rows,
+                                                                      hidden);
       break;
     case 4:
-      RmsNormBackwardVec<T, 4, kWeightGrad><<<grid, p.threads, 0, s>>>(dy, dy_stride, x, w, rstd, dx, partial, rows, hidden);
+      RmsNormBackwardVec<T, 4, kWeightGrad><<<grid, p.threads, 0, s>>>(dy, dy_stride, x, w, rstd, dx, partial, rows,
+                                                                      hidden);
       break;
     default:
-      RmsNormBackwardScalar<T, kWeightGrad><<<grid, p.threads, 0, s>>>(dy, dy_stride, x, w, rstd, dx, partial, rows, hidden);
+      RmsNormBackwardScalar<T, kWeightGrad><<<grid, p.threads, 0, s>>>(dy, dy_stride, x, w, rstd, dx, partial, rows,
+                                                                       hidden);
   }
 }
 
@@ -311,8 +315,8 @@ std::string RmsNormForward(const void* x, const void* weight, void* y, int64_t y
     const T* wp = static_cast<const T*>(weight);
     T* yp = static_cast<T*>(y);
     const int h = static_cast<int>(hidden);
-    const RowPlan p =
-        PlanRow(hidden, kVecElems<T>, Aligned16(x) && Aligned16(weight) && Aligned16(y) && y_stride % kVecElems<T> == 0);
+    const bool aligned = Aligned16(x) && Aligned16(weight) && Aligned16(y) && y_stride % kVecElems<T> == 0;
+    const RowPlan p = PlanRow(hidden, kVecElems<T>, aligned);
     const unsigned grid = GridFor(rows);
     const cudaStream_t s = AsStream(stream);
     switch (p.vecs_per_thread) {

@@ -675,9 +675,11 @@ TEST_F(FusedOpsCudaTest, LaunchersWriteEveryElement) {
       const torch::Tensor gate = Random({n}, dtype, cuda_, 3.0), up = Random({n}, dtype, cuda_);
       const torch::Tensor d = Random({n}, dtype, cuda_);
       torch::Tensor out = poisoned({n}, o), dg = poisoned({n}, o), du = poisoned({n}, o);
-      ASSERT_EQ(k::SwiGluForward(gate.data_ptr(), up.data_ptr(), n, out.data_ptr(), n, 1, n, kdtype(dtype), stream), "");
-      ASSERT_EQ(k::SwiGluBackward(d.data_ptr(), n, gate.data_ptr(), up.data_ptr(), n, dg.data_ptr(), du.data_ptr(), n, 1,
-                                  n, kdtype(dtype), stream), "");
+      // One row of n: the dense case.
+      ASSERT_EQ(k::SwiGluForward(gate.data_ptr(), up.data_ptr(), n, out.data_ptr(), n, /*rows=*/1, n, kdtype(dtype),
+                                 stream), "");
+      ASSERT_EQ(k::SwiGluBackward(d.data_ptr(), n, gate.data_ptr(), up.data_ptr(), n, dg.data_ptr(), du.data_ptr(), n,
+                                  /*rows=*/1, n, kdtype(dtype), stream), "");
       EXPECT_TRUE(AllFinite(out) && AllFinite(dg) && AllFinite(du)) << DTypeName(dtype) << " n=" << n;
       EXPECT_TRUE(torch::equal(out, FusedSwiGlu(gate, up))) << DTypeName(dtype) << " n=" << n;
     }
