@@ -22,10 +22,12 @@ torch::Tensor RotateHalf(const torch::Tensor& x) {
 
 }  // namespace
 
-torch::Tensor PlainRmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+torch::Tensor PlainRmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps, torch::Tensor* rstd) {
   torch::Tensor h = x.to(torch::kFloat32);
   torch::Tensor variance = h.pow(2).mean(-1, /*keepdim=*/true);
-  h = h * torch::rsqrt(variance + eps);
+  const torch::Tensor inverse = torch::rsqrt(variance + eps);  // (..., 1)
+  if (rstd != nullptr) *rstd = inverse.detach().reshape({-1});
+  h = h * inverse;
   return weight * h.to(x.scalar_type());
 }
 
@@ -118,7 +120,8 @@ torch::Tensor WithSpareColumns(int64_t rows, int64_t cols, int64_t spare, const 
 
 class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
  public:
-  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& weight,
+  // Returns {y, rstd}; rstd (rows) float32 is not differentiable.
+  static variable_list forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& weight,
                                double eps, int64_t spare) {
     const c10::cuda::CUDAGuard guard(x.device());
     const int64_t hidden = x.size(-1);
@@ -129,7 +132,8 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
     Check(kernels::RmsNormForward(x2.data_ptr(), w.data_ptr(), y.data_ptr(), hidden + spare, rstd.data_ptr<float>(),
                                   x2.size(0), hidden, static_cast<float>(eps), DTypeOf(x), StreamOf(x)));
     ctx->save_for_backward({x2, w, rstd});
-    return y.view(x.sizes());
+    ctx->mark_non_differentiable({rstd});
+    return {y.view(x.sizes()), rstd};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -259,14 +263,17 @@ torch::Tensor SoftmaxCrossEntropyRowsOnKernel(torch::Tensor& logits, const torch
 }  // namespace
 #endif  // TRAINERD_WITH_CUDA_KERNELS
 
-torch::Tensor FusedRmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps, int64_t spare_columns) {
+torch::Tensor FusedRmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps, int64_t spare_columns,
+                           torch::Tensor* rstd) {
 #ifdef TRAINERD_WITH_CUDA_KERNELS
   if (KernelTensor(x) && weight.defined() && weight.dim() == 1 && weight.size(0) == x.size(-1) &&
       weight.scalar_type() == x.scalar_type() && weight.device() == x.device()) {
-    return RmsNormFunction::apply(x, weight, eps, spare_columns);
+    variable_list outputs = RmsNormFunction::apply(x, weight, eps, spare_columns);
+    if (rstd != nullptr) *rstd = outputs[1];
+    return outputs[0];
   }
 #endif
-  return PlainRmsNorm(x, weight, eps);
+  return PlainRmsNorm(x, weight, eps, rstd);
 }
 
 torch::Tensor FusedSwiGlu(const torch::Tensor& gate, const torch::Tensor& up, int64_t spare_columns) {

@@ -29,9 +29,13 @@ namespace trainerd::engine {
 // spare_columns: on the kernel path the result is the left part of rows that
 // many elements wider (uninitialised), room the consuming LinearGroup fills
 // in place of a copy (LinearGroup::spare_columns); ignored elsewhere.
+// rstd: when given, set to the per-row 1/rms, (rows) float32 with rows the
+// product of x's leading dimensions (not differentiable), so that a consumer
+// can make the output again from x (InputRecipe, engine/linear_group.h).
 torch::Tensor FusedRmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps,
-                           int64_t spare_columns = 0);
-torch::Tensor PlainRmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
+                           int64_t spare_columns = 0, torch::Tensor* rstd = nullptr);
+torch::Tensor PlainRmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps,
+                           torch::Tensor* rstd = nullptr);
 
 // silu(gate) * up. gate, up: the same shape (any) and dtype -> that shape.
 // The kernel path saves gate and up and recomputes silu in the backward. It

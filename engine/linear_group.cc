@@ -2,6 +2,8 @@
 
 #include <cstdint>
 
+#include "engine/fused_ops.h"
+
 namespace trainerd::engine {
 
 namespace {
@@ -35,13 +37,35 @@ torch::Tensor WidenedView(const torch::Tensor& x, int64_t in, int64_t cols) {
 // y_i = x W_i^T (+ bias_i) + s_i (x A_i^T) B_i^T for every member i, as one
 // GEMM of the widened input and matrix (see the header). Inputs: x (N, in),
 // then the LoRA members' A and B, in member order; the group (widened
-// matrix, stacked bias, layout) and the members' scalings, not differentiated.
+// matrix, stacked bias, layout), the members' scalings and x's recipe
+// (InputRecipe; its tensors are the producer's, not differentiated here).
 class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFunction> {
  public:
   static tensor_list forward(AutogradContext* ctx, const torch::Tensor& x, at::TensorList lora,
-                             const LinearGroup& group, const std::vector<double>& scaling) {
+                             const LinearGroup& group, const std::vector<double>& scaling,
+                             const InputRecipe& recipe) {
     const int64_t n = x.size(0), in = group.in, cols = group.cols;
     const int64_t rank = Sum(group.ranks);
+    // What the backward reads for the A gradients u^T x (none without LoRA).
+    auto rows_of = [&](const torch::Tensor& r) {
+      return r.defined() && r.numel() == n * in ? r.detach().reshape({n, in}) : torch::Tensor();
+    };
+    torch::Tensor norm_input, norm_rstd, norm_weight, gate, up;
+    if (rank > 0) {
+      norm_input = rows_of(recipe.norm_input);
+      const bool norm = norm_input.defined() && recipe.norm_rstd.defined() && recipe.norm_rstd.numel() == n &&
+                        recipe.norm_weight.defined() && recipe.norm_weight.numel() == in;
+      if (norm) {
+        norm_rstd = recipe.norm_rstd.detach().reshape({n});
+        norm_weight = recipe.norm_weight.detach().reshape({in});
+      } else {
+        norm_input = torch::Tensor();
+        gate = rows_of(recipe.gate);
+        up = rows_of(recipe.up);
+        if (!gate.defined() || !up.defined()) gate = up = torch::Tensor();
+      }
+    }
+    const bool keep_x = rank > 0 && !norm_input.defined() && !gate.defined();
     // No LoRA member (cols 0): the stacked product of x as it is.
     torch::Tensor x_ext = cols == 0 ? x : WidenedView(x, in, cols);
     const bool in_place = x_ext.defined();
@@ -79,17 +103,21 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
       outputs.push_back(y.narrow(1, row, out));
       row += out;
     }
-    // Kept for the backward: x itself, not the widened copy (whoever else
-    // keeps x, attention for o's input, shares it), and t = x A^T, a view of
-    // the producer's buffer or else a copy of its few columns, so that a
-    // widened copy is freed with this forward.
-    tensor_list saved{x, rank > 0 ? (in_place ? t.detach() : t.clone()) : t, a_cat};
+    // Kept for the backward: x itself where no recipe makes it, not the
+    // widened copy (whoever else keeps x, attention for o's input, shares
+    // it), else the recipe's tensors; and t = x A^T, a view of the producer's
+    // buffer where x keeps that alive anyway, else a copy of its few columns,
+    // so that the widened input is freed with this forward.
+    tensor_list saved{keep_x ? x : torch::Tensor(),
+                      rank > 0 ? (in_place && keep_x ? t.detach() : t.clone()) : t,
+                      a_cat, norm_input, norm_rstd, norm_weight, gate, up};
     for (const auto& t : lora) saved.push_back(t);
     ctx->save_for_backward(saved);
     // The widened matrix is rewritten by every forward (its B columns): kept
     // out of save_for_backward's version check; B does not change between a
     // forward and its backward (the optimizer steps after the backward).
     ctx->saved_data["widened"] = group.widened;
+    ctx->saved_data["n"] = n;
     ctx->saved_data["in"] = in;
     ctx->saved_data["outs"] = group.outs;
     ctx->saved_data["ranks"] = group.ranks;
@@ -99,11 +127,13 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
 
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
     const tensor_list saved = ctx->get_saved_variables();
-    const torch::Tensor& x = saved[0];  // (N, in)
+    const torch::Tensor& x = saved[0];  // (N, in), or undefined: made by the recipe
     const torch::Tensor& t = saved[1];  // (N, rank): x A^T
     const torch::Tensor& a_cat = saved[2];
-    const at::ArrayRef<torch::Tensor> lora = at::ArrayRef<torch::Tensor>(saved).slice(3);
+    const at::ArrayRef<torch::Tensor> recipe = at::ArrayRef<torch::Tensor>(saved).slice(3, 5);
+    const at::ArrayRef<torch::Tensor> lora = at::ArrayRef<torch::Tensor>(saved).slice(8);
     const torch::Tensor widened = ctx->saved_data["widened"].toTensor();
+    const int64_t n = ctx->saved_data["n"].toInt();
     const int64_t in = ctx->saved_data["in"].toInt();
     const auto outs = ctx->saved_data["outs"].toIntVector();
     const auto ranks = ctx->saved_data["ranks"].toIntVector();
@@ -111,7 +141,7 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
     const int64_t rank = Sum(ranks);
     const bool need_x = ctx->needs_input_grad(0);
 
-    const torch::Tensor g = StackedGradient(grads, outs, x);  // (N, sum out)
+    const torch::Tensor g = StackedGradient(grads, outs, n);  // (N, sum out)
     const int64_t out_total = Sum(outs);
     const torch::Tensor top = widened.narrow(0, 0, out_total);  // [W | sB | 0]
     torch::Tensor grad_x, u;  // u = s g B (N, rank), every LoRA member's columns
@@ -138,7 +168,7 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
     }
     tensor_list result{grad_x};
     if (rank > 0) {
-      const torch::Tensor grad_a = torch::mm(u.t(), x);   // (rank, in)
+      const torch::Tensor grad_a = LoraInputProduct(u, x, recipe);  // (rank, in)
       int64_t row = 0, col = 0;
       size_t j = 0;
       for (size_t i = 0; i < outs.size(); ++i) {
@@ -163,13 +193,32 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
   }
 
  private:
+  // u^T x (rank, in) for u (N, rank): from x, or from what its recipe kept
+  // (norm_input, norm_rstd, norm_weight, gate, up; see InputRecipe).
+  static torch::Tensor LoraInputProduct(const torch::Tensor& u, const torch::Tensor& x,
+                                        at::ArrayRef<torch::Tensor> recipe) {
+    const torch::Tensor &norm_input = recipe[0], &norm_rstd = recipe[1], &norm_weight = recipe[2];
+    const torch::Tensor &gate = recipe[3], &up = recipe[4];
+    if (norm_input.defined()) {
+      // x = w * (h * rstd) by rows: u^T x = ((rstd u)^T h) w, float32 around
+      // the GEMM (in the model dtype, like the plain product).
+      const torch::Tensor scaled = (u.to(torch::kFloat32) * norm_rstd.unsqueeze(1)).to(norm_input.scalar_type());
+      return torch::mm(scaled.t(), norm_input).to(torch::kFloat32).mul_(norm_weight.to(torch::kFloat32));
+    }
+    if (gate.defined()) return torch::mm(u.t(), FusedSwiGlu(gate, up));  // x again, freed after the GEMM
+    return torch::mm(u.t(), x);
+  }
+
   // The members' output gradients side by side (N, sum out): the buffer they
   // already share when a consumer wrote them so (the fused SwiGLU backward
   // does, for gate|up), else a concatenation; zeros for an unused output.
-  static torch::Tensor StackedGradient(const tensor_list& grads, const std::vector<int64_t>& outs,
-                                       const torch::Tensor& like) {
-    const int64_t n = like.size(0), total = Sum(outs);
+  static torch::Tensor StackedGradient(const tensor_list& grads, const std::vector<int64_t>& outs, int64_t n) {
+    const int64_t total = Sum(outs);
     if (grads.size() == 1 && grads[0].defined()) return grads[0];
+    torch::TensorOptions options;
+    for (const torch::Tensor& gi : grads) {
+      if (gi.defined()) options = gi.options();
+    }
     bool adjacent = true;
     int64_t column = 0;  // where grads[i] must start in grads[0]'s rows
     for (size_t i = 0; i < grads.size() && adjacent; ++i) {
@@ -182,7 +231,7 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
     if (adjacent) return grads[0].as_strided({n, total}, {total, 1});
     std::vector<torch::Tensor> parts;
     for (size_t i = 0; i < grads.size(); ++i) {
-      parts.push_back(grads[i].defined() ? grads[i] : torch::zeros({n, outs[i]}, like.options()));
+      parts.push_back(grads[i].defined() ? grads[i] : torch::zeros({n, outs[i]}, options));
     }
     return torch::cat(parts, 1);
   }
@@ -235,7 +284,7 @@ void Widen(LinearGroup& group, const std::vector<Linear*>& members) {
 }
 
 std::vector<torch::Tensor> ForwardGroup(const LinearGroup& group, const std::vector<const Linear*>& members,
-                                        const torch::Tensor& x, bool training) {
+                                        const torch::Tensor& x, bool training, const InputRecipe& recipe) {
   std::vector<torch::Tensor> outputs;
   if (!WidenedNodeApplies(group, members, training)) {
     for (const Linear* l : members) outputs.push_back(l->Forward(x, training));
@@ -253,7 +302,7 @@ std::vector<torch::Tensor> ForwardGroup(const LinearGroup& group, const std::vec
       lora.push_back(l->lora->b);
     }
   }
-  tensor_list ys = WidenedGroupFunction::apply(x2, at::TensorList(lora), group, scaling);
+  tensor_list ys = WidenedGroupFunction::apply(x2, at::TensorList(lora), group, scaling, recipe);
   for (size_t i = 0; i < members.size(); ++i) {
     std::vector<int64_t> shape = x.sizes().vec();
     shape.back() = group.outs[i];

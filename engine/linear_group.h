@@ -54,6 +54,22 @@ struct LinearGroup {
   int64_t spare_columns() const { return widened.defined() ? cols : 0; }
 };
 
+// How a group's input x (N, in) was made from tensors its producer keeps for
+// its own backward anyway. The node needs x in the backward only for the LoRA
+// A gradients u^T x; given a recipe it keeps what x is made from instead of x
+// (activation memory: the (N, in) input is freed with the forward).
+//   RMSNorm: x = weight * (norm_input * rstd) by rows (FusedRmsNorm), so
+//     u^T x = ((rstd u)^T norm_input) weight: no x at all, and no extra pass.
+//   SwiGLU: x = silu(gate) * up (FusedSwiGlu), made again in the backward: one
+//     elementwise pass over (N, in) for the memory of x.
+// Neither, or a recipe whose shapes do not fit x: the node keeps x.
+struct InputRecipe {
+  torch::Tensor norm_input;   // (..., in), the normalised rows
+  torch::Tensor norm_rstd;    // (N) float32, their 1/rms
+  torch::Tensor norm_weight;  // (in)
+  torch::Tensor gate, up;     // (..., in) each
+};
+
 // Moves `members`' weights (and biases) into group.widened (group.bias): each
 // member's weight (bias) becomes a view of its rows. The members' LoRA, as
 // attached now, lays out the B columns. Frees the members' separate weights.
@@ -61,8 +77,9 @@ void Widen(LinearGroup& group, const std::vector<Linear*>& members);
 
 // Each member applied to x (..., in): their outputs (..., out_i) in order, as
 // Linear::Forward gives them. On the widened node the outputs are column views
-// of one (N, sum out_i) product (row stride sum out_i).
+// of one (N, sum out_i) product (row stride sum out_i); `recipe` says how x was
+// made, if the node may keep that instead of x (ignored elsewhere).
 std::vector<torch::Tensor> ForwardGroup(const LinearGroup& group, const std::vector<const Linear*>& members,
-                                        const torch::Tensor& x, bool training);
+                                        const torch::Tensor& x, bool training, const InputRecipe& recipe = {});
 
 }  // namespace trainerd::engine

@@ -250,11 +250,12 @@ LlamaModel::AttentionInputs LlamaModel::PrepareAttention(int64_t b, int64_t t, c
   return in;
 }
 
-torch::Tensor LlamaModel::Attention(const DecoderLayer& layer, const torch::Tensor& x,
+torch::Tensor LlamaModel::Attention(const DecoderLayer& layer, const torch::Tensor& x, const InputRecipe& x_recipe,
                                     const AttentionInputs& in) const {
   const int64_t b = x.size(0), t = x.size(1), d = config_.head_dim;
   const int64_t nh = config_.num_attention_heads, nkv = config_.num_key_value_heads;
-  std::vector<torch::Tensor> qkv = ForwardGroup(layer.qkv, {&layer.q_proj, &layer.k_proj, &layer.v_proj}, x, training_);
+  std::vector<torch::Tensor> qkv =
+      ForwardGroup(layer.qkv, {&layer.q_proj, &layer.k_proj, &layer.v_proj}, x, training_, x_recipe);
   // v of its own (16 MB at 8B's 4x2048): attention keeps v for its backward,
   // and a view of the widened group's product would keep all of q|k|v alive;
   // q and k are rotated into new tensors anyway.
@@ -297,13 +298,29 @@ bool LlamaModel::UsesVarlenAttention() const {
 torch::Tensor LlamaModel::LayerForward(size_t index, const torch::Tensor& h, const AttentionInputs& in) const {
   const DecoderLayer& layer = layers_[index];
   const double eps = config_.rms_norm_eps;
-  // Each producer leaves its consumer group's spare columns (engine/linear_group.h).
-  torch::Tensor r = h + Attention(layer, FusedRmsNorm(h, layer.input_norm, eps, layer.qkv.spare_columns()), in);
-  torch::Tensor x = FusedRmsNorm(r, layer.post_attention_norm, eps, layer.gate_up.spare_columns());
+  // Each producer leaves its consumer group's spare columns, and tells it how
+  // its input was made (engine/linear_group.h): the groups after the norms
+  // keep no normalised copy (the norms keep their input anyway).
+  InputRecipe normed;
+  normed.norm_input = h;
+  normed.norm_weight = layer.input_norm;
+  torch::Tensor x = FusedRmsNorm(h, layer.input_norm, eps, layer.qkv.spare_columns(), &normed.norm_rstd);
+  torch::Tensor r = h + Attention(layer, x, normed, in);
+  normed.norm_input = r;
+  normed.norm_weight = layer.post_attention_norm;
+  x = FusedRmsNorm(r, layer.post_attention_norm, eps, layer.gate_up.spare_columns(), &normed.norm_rstd);
   const std::vector<torch::Tensor> gate_up =
-      ForwardGroup(layer.gate_up, {&layer.gate_proj, &layer.up_proj}, x, training_);
+      ForwardGroup(layer.gate_up, {&layer.gate_proj, &layer.up_proj}, x, training_, normed);
   const torch::Tensor act = FusedSwiGlu(gate_up[0], gate_up[1], layer.down.spare_columns());
-  return r + ForwardGroup(layer.down, {&layer.down_proj}, act, training_)[0];
+  // With checkpointing on (memory first), a layer that keeps its activations
+  // does not keep the SwiGLU output either: down makes it again in its
+  // backward, one elementwise pass. Recomputed layers need no such saving.
+  InputRecipe activated;
+  if (gradient_checkpointing_ && index >= static_cast<size_t>(checkpointed_layers())) {
+    activated.gate = gate_up[0];
+    activated.up = gate_up[1];
+  }
+  return r + ForwardGroup(layer.down, {&layer.down_proj}, act, training_, activated)[0];
 }
 
 void LlamaModel::WidenLinearGroups() {

@@ -164,7 +164,9 @@ class LlamaModel {
 
  private:
   explicit LlamaModel(ModelConfig config) : config_(std::move(config)) {}
-  torch::Tensor Attention(const DecoderLayer& layer, const torch::Tensor& x, const AttentionInputs& in) const;
+  // x: the normalised layer input; x_recipe: how it was made (ForwardGroup).
+  torch::Tensor Attention(const DecoderLayer& layer, const torch::Tensor& x, const InputRecipe& x_recipe,
+                          const AttentionInputs& in) const;
 
   ModelConfig config_;
   torch::Tensor embed_tokens_;  // (V, H)

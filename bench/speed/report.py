@@ -146,7 +146,8 @@ def render(versions, ceiling, results):
         all_checks[rid] = chk
         for i, (sid, sname) in enumerate(SYSTEMS):
             r = results.get("%s.%s" % (rid, sid))
-            cells = [row_label(rid, results) if i == 0 else "", sname]
+            cells = [row_label(rid, results) if i == 0 else "",
+                     sname + (" (%s)" % r["settings"] if r and r.get("settings") else "")]
             if ok(r):
                 mfu = r.get("mfu")
                 if r.get("flops_per_token") and ceiling.get("matmul_tflops"):  # one ceiling for every line

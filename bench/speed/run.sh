@@ -11,6 +11,7 @@
 #   CUSTOM_SHAPE=llama3-8b               the custom row's base shape (a key of hf_peft_baseline.py's SHAPES)
 #   CUSTOM_CONFIG='{"num_attention_heads": 16}'  config.json keys over the base shape (JSON; default none)
 #   CUSTOM_MB=4 CUSTOM_SEQ=2048 CUSTOM_CKPT=0    its micro-batch, sequence length, activation checkpointing
+#   CKPT_LAYERS=17                       the 8b-ckpt row: how many layers trainerd recomputes
 #   LORA_R=16 LORA_ALPHA=2*LORA_R        the LoRA rank and alpha of every row, on both sides
 #   SYSTEMS="trainerd hf hf-compile"     systems to run on each row
 #   WORK_DIR=/tmp/trainerd-speed         model folders, token files, jobs, logs; results in $WORK_DIR/results
@@ -51,22 +52,27 @@ say() { echo "[$(date -u +%H:%M:%S) +${SECONDS}s] $*"; }
 fail() { echo "ERROR: $*"; }
 
 # One row of the table: sets shape (a SHAPES key), shape_config (JSON over it, or empty), model_name
-# (its folder under $work/models), mb (micro-batch), seq, ckpt (activation checkpointing) and
-# TRAINERD_EXTRA_YAML (keys added under trainerd's training: section, one "key: value" a line).
+# (its folder under $work/models), mb (sequences per optimizer step), seq, ckpt (activation
+# checkpointing), t_mb and t_accum (trainerd's micro-batch and accumulation steps, t_mb * t_accum =
+# mb: the same batch, the same gradient) and TRAINERD_EXTRA_YAML (keys added under trainerd's
+# training: section, one "key: value" a line).
 row_def() {
-  TRAINERD_EXTRA_YAML= shape_config=
+  TRAINERD_EXTRA_YAML= shape_config= t_mb= t_accum=1
   case $1 in
     1b) shape=llama3-1b mb=8 seq=2048 ckpt=0 ;;
     8b) shape=llama3-8b mb=4 seq=2048 ckpt=0 ;;
     8b-ckpt) shape=llama3-8b mb=8 seq=2048 ckpt=1
-      # Recompute 21 of the 32 layers: the fastest split within the reference's 43.5 GiB on an H200
-      # (42.6 GiB; NOTES.md, "Runs").
-      TRAINERD_EXTRA_YAML=$'gradient_checkpointing: true\ngradient_checkpointing_layers: 21' ;;
+      # Memory savers of trainerd's choosing: two micro-batches of 4 (the optimizer steps on the sum
+      # of their gradients), and 17 of the 32 layers recomputed: the fastest split within the
+      # compiled reference's 31.5 GiB on an H200 (NOTES.md, "Runs").
+      t_mb=4 t_accum=2
+      TRAINERD_EXTRA_YAML=$'gradient_checkpointing: true\ngradient_checkpointing_layers: '${CKPT_LAYERS:-17} ;;
     custom) shape=${CUSTOM_SHAPE:-llama3-8b} mb=${CUSTOM_MB:-4} seq=${CUSTOM_SEQ:-2048} ckpt=${CUSTOM_CKPT:-0}
       shape_config=${CUSTOM_CONFIG:-}
       [ "$ckpt" = 1 ] && TRAINERD_EXTRA_YAML='gradient_checkpointing: true' ;;
     *) return 1 ;;
   esac
+  [ -n "$t_mb" ] || t_mb=$mb
   model_name=$shape
   # A shape with overrides gets a folder of its own, named by them.
   [ -n "$shape_config" ] && model_name=$shape-$(printf '%s' "$shape_config" | md5sum | cut -c1-8)
@@ -235,7 +241,7 @@ write_job() {  # job yaml, model dir, tokens file, output dir
   local extra
   extra=$(printf '%s\n%s\n' "$TRAINERD_EXTRA_YAML" "$extra_all" | sed '/^[[:space:]]*$/d; s/^/  /')
   cat > "$1" <<EOF
-# bench/speed/run.sh, row $r: every step trains the same $mb x $seq batch
+# bench/speed/run.sh, row $r: every step trains the same $mb x $seq batch ($t_accum micro-batch(es) of $t_mb)
 task: finetune
 device: cuda
 model:
@@ -254,8 +260,8 @@ data:
   cache: false
 training:
   max_steps: $((warmup + steps))
-  micro_batch_size: $mb
-  gradient_accumulation_steps: 1
+  micro_batch_size: $t_mb
+  gradient_accumulation_steps: $t_accum
   learning_rate: 1.0e-4
   lr_scheduler: constant
   warmup_steps: 0
@@ -289,7 +295,7 @@ for r in $rows; do
       continue
     fi
     base=$work/runs/$r.$s
-    metrics=
+    metrics= settings=
     say "row $r ($shape, $mb x $seq, checkpointing $ckpt): $s"
     if [ "$s" = trainerd ]; then
       if [ "$trainerd_ok" != 1 ]; then
@@ -300,6 +306,9 @@ for r in $rows; do
         write_job "$base.yaml" "$model" "$tokens" "$base.out"
         run_timed "$base.log" "$worker" run "$base.yaml"
         metrics=$base.out/metrics.jsonl
+        settings="micro-batch $t_mb"
+        [ "$t_accum" -gt 1 ] && settings="$t_accum micro-batches of $t_mb"
+        [ -n "$TRAINERD_EXTRA_YAML" ] && settings="$settings; $(printf '%s' "$TRAINERD_EXTRA_YAML" | sed ':a;N;$!ba;s/\n/, /g')"
       fi
     else
       args=(--model-dir "$model" --micro-batch "$mb" --seq "$seq" --tokens "$tokens" --warmup "$warmup" --steps "$steps"
@@ -311,7 +320,7 @@ for r in $rows; do
     python3 "$here/speed_util.py" result "$s" --row "$r" --shape "$model_name" --micro-batch "$mb" --seq "$seq" \
       --lora-r "$lora_r" --lora-alpha "$lora_alpha" \
       --grad-ckpt "$ckpt" --warmup "$warmup" --steps "$steps" --model-dir "$model" ${metrics:+--metrics "$metrics"} \
-      --log "$base.log" --rc "$rc" --wall-s "$wall" --ceiling "$results/ceiling.json" \
+      --log "$base.log" --rc "$rc" --wall-s "$wall" ${settings:+--settings "$settings"} --ceiling "$results/ceiling.json" \
       --versions "$results/versions.json" --out "$(result_file "$r" "$s")" ||
       { fail "row $r, $s failed (exit status $rc after ${wall} s; log: $base.log); its last lines:"
         tail -8 "$base.log"; failed+=("$r:$s"); }

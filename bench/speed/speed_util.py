@@ -242,6 +242,8 @@ def cmd_result(a):
              lora_r=a.lora_r, lora_alpha=a.lora_alpha,
              grad_ckpt=bool(a.grad_ckpt), warmup=a.warmup, steps=a.steps, rc=a.rc, wall_s=a.wall_s,
              log=a.log, date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    if a.settings:
+        r["settings"] = a.settings
     v = read_json(a.versions) if a.versions else None
     if v:
         r["gpu"] = v.get("gpu", "unknown")
@@ -329,6 +331,7 @@ def main():
     p.add_argument("--steps", type=int, required=True)
     p.add_argument("--model-dir", required=True)
     p.add_argument("--metrics", help="trainerd's metrics.jsonl")
+    p.add_argument("--settings", help="the system's own choices on this row (micro-batches, memory savers)")
     p.add_argument("--log", required=True)
     p.add_argument("--rc", type=int, required=True)
     p.add_argument("--wall-s", type=float, default=None)

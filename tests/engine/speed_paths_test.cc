@@ -8,6 +8,7 @@
 #include "engine/activation_checkpoint.h"
 #include "engine/batch.h"
 #include "engine/flops.h"
+#include "engine/fused_ops.h"
 #include "engine/fused_adamw.h"
 #include "engine/linear.h"
 #include "engine/linear_group.h"
@@ -266,6 +267,145 @@ TEST(LinearGroup, WiderInputTakesTheLoraTermInItsGemm) {
   const auto plain = run(false), grouped = run(true);
   for (size_t i = 0; i < plain.size(); ++i) {
     EXPECT_LE(RelativeError(grouped[i], plain[i]), TestTolerances().loss * 10) << "tensor " << i;
+  }
+}
+
+// Whether the (only) tensor that holds x's storage lets it go: false while
+// something (an autograd node) still keeps it.
+bool FreedWhenDropped(torch::Tensor& x) {
+  const auto weak = x.storage().getWeakStorageImpl();
+  x = torch::Tensor();
+  return weak.expired();
+}
+
+// Given how its input was made (engine::InputRecipe), a group keeps that
+// instead of the input and computes the same outputs and gradients as the
+// layers one by one on the plain formulas: q|k-like after RMSNorm (the A
+// gradients from the norm's input and 1/rms), down-like after SwiGLU (the
+// input made again in the backward). An input the node keeps is not freed
+// when its last other holder lets go; with a recipe it is.
+TEST(LinearGroup, InputRecipesKeepNoInputAndGiveTheSameGradients) {
+  torch::manual_seed(12);
+  const auto opts = torch::TensorOptions().dtype(TorchTestDtype()).device(TorchTestDevice());
+  const auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(TorchTestDevice());
+  auto lora_layer = [&](int64_t out, int64_t in, int64_t rank, double scaling) {
+    engine::Linear l;
+    l.weight = torch::randn({out, in}, opts) * 0.2;
+    l.lora = engine::LoraWeights{(torch::randn({rank, in}, f32) * 0.3).set_requires_grad(true),
+                                 (torch::randn({out, rank}, f32) * 0.3).set_requires_grad(true), scaling, 0.0};
+    return l;
+  };
+  auto clear_grads = [](std::vector<engine::Linear>& layers) {
+    for (auto& l : layers) {
+      l.lora->a.mutable_grad() = torch::Tensor();
+      l.lora->b.mutable_grad() = torch::Tensor();
+    }
+  };
+  auto lora_grads = [](const std::vector<engine::Linear>& layers) {
+    std::vector<torch::Tensor> out;
+    for (const auto& l : layers) {
+      out.push_back(l.lora->a.grad().clone());
+      out.push_back(l.lora->b.grad().clone());
+    }
+    return out;
+  };
+  auto expect_close = [](const std::vector<torch::Tensor>& got, const std::vector<torch::Tensor>& want,
+                         const std::string& what) {
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_LE(RelativeError(got[i], want[i]), TestTolerances().loss * 10) << what << ", tensor " << i;
+    }
+  };
+  const double eps = 1e-5;
+
+  {  // RMSNorm, then a q|k-like group.
+    const int64_t in = 24;
+    std::vector<engine::Linear> layers{lora_layer(16, in, 4, 2.0), lora_layer(8, in, 3, 0.5)};
+    std::vector<engine::Linear> widened = layers;
+    engine::LinearGroup group;
+    engine::Widen(group, {&widened[0], &widened[1]});
+    const std::vector<const engine::Linear*> members{&widened[0], &widened[1]};
+    const torch::Tensor h0 = torch::randn({2, 5, in}, opts) * 3;
+    const torch::Tensor w = torch::rand({in}, opts) + 0.5;
+    auto run = [&](bool grouped) {
+      clear_grads(layers);
+      torch::Tensor h = h0.clone().requires_grad_(true);
+      std::vector<torch::Tensor> ys;
+      if (grouped) {
+        engine::InputRecipe recipe;
+        recipe.norm_input = h;
+        recipe.norm_weight = w;
+        const torch::Tensor x = engine::FusedRmsNorm(h, w, eps, group.spare_columns(), &recipe.norm_rstd);
+        ys = engine::ForwardGroup(group, members, x, /*training=*/true, recipe);
+      } else {
+        const torch::Tensor x = engine::PlainRmsNorm(h, w, eps);
+        for (const auto& l : layers) ys.push_back(l.Forward(x, /*training=*/true));
+      }
+      torch::Tensor loss = torch::zeros({}, f32);
+      for (size_t i = 0; i < ys.size(); ++i) {
+        loss = loss + (ys[i].to(torch::kFloat32) * torch::linspace(-1, 1, ys[i].size(-1), f32) * double(i + 1)).sum();
+      }
+      loss.backward();
+      std::vector<torch::Tensor> out{ys[0], ys[1], h.grad()};
+      for (const auto& g : lora_grads(layers)) out.push_back(g);
+      return out;
+    };
+    const auto plain = run(false);
+    expect_close(run(true), plain, "after RMSNorm");
+
+    // The node's hold on its input: kept without a recipe, not with one.
+    torch::Tensor rstd;
+    torch::Tensor x = engine::PlainRmsNorm(h0, w, eps, &rstd);
+    const auto kept = engine::ForwardGroup(group, members, x, true);  // the node lives while its outputs do
+    EXPECT_FALSE(FreedWhenDropped(x)) << "the control: a node without a recipe keeps its input";
+    x = engine::PlainRmsNorm(h0, w, eps);
+    engine::InputRecipe recipe;
+    recipe.norm_input = h0;
+    recipe.norm_rstd = rstd;
+    recipe.norm_weight = w;
+    clear_grads(layers);
+    const auto ys = engine::ForwardGroup(group, members, x, true, recipe);
+    EXPECT_TRUE(FreedWhenDropped(x)) << "the node kept its input although the recipe makes it";
+    (ys[0].to(torch::kFloat32).sum() + ys[1].to(torch::kFloat32).sum()).backward();
+    EXPECT_TRUE(layers[0].lora->a.grad().defined());
+  }
+
+  {  // SwiGLU, then a down-like group (input wider than output).
+    const int64_t in = 40;
+    std::vector<engine::Linear> layers{lora_layer(8, in, 3, 1.5)};
+    std::vector<engine::Linear> widened = layers;
+    engine::LinearGroup group;
+    engine::Widen(group, {&widened[0]});
+    const torch::Tensor gate_up0 = torch::randn({5, 2 * in}, opts);
+    auto run = [&](bool grouped) {
+      clear_grads(layers);
+      torch::Tensor gate_up = gate_up0.clone().requires_grad_(true);
+      const torch::Tensor gate = gate_up.narrow(1, 0, in), up = gate_up.narrow(1, in, in);
+      torch::Tensor y;
+      if (grouped) {
+        engine::InputRecipe recipe;
+        recipe.gate = gate;
+        recipe.up = up;
+        const torch::Tensor act = engine::FusedSwiGlu(gate, up, group.spare_columns());
+        y = engine::ForwardGroup(group, {&widened[0]}, act, /*training=*/true, recipe)[0];
+      } else {
+        y = layers[0].Forward(engine::PlainSwiGlu(gate, up), /*training=*/true);
+      }
+      (y.to(torch::kFloat32) * torch::linspace(-1, 1, 8, f32)).sum().backward();
+      std::vector<torch::Tensor> out{y, gate_up.grad()};
+      for (const auto& g : lora_grads(layers)) out.push_back(g);
+      return out;
+    };
+    const auto plain = run(false);
+    expect_close(run(true), plain, "after SwiGLU");
+
+    const torch::Tensor gate = gate_up0.narrow(1, 0, in), up = gate_up0.narrow(1, in, in);
+    torch::Tensor act = engine::PlainSwiGlu(gate, up);
+    engine::InputRecipe recipe;
+    recipe.gate = gate;
+    recipe.up = up;
+    const auto kept = engine::ForwardGroup(group, {&widened[0]}, act, true, recipe);
+    EXPECT_TRUE(FreedWhenDropped(act)) << "the node kept its input although the recipe makes it";
   }
 }
 
