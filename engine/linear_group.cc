@@ -189,6 +189,7 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
     }
     result.push_back(torch::Tensor());  // group
     result.push_back(torch::Tensor());  // scaling
+    result.push_back(torch::Tensor());  // recipe
     return result;
   }
 
