@@ -95,6 +95,13 @@ class ReportTest(unittest.TestCase):
         text = report.render(self.versions, self.ceiling, results)
         self.assertIn("- first-step losses within 1% of both references: **NOT met**", text)
 
+    def test_a_systems_own_settings_show_beside_its_name(self):
+        results = json.loads(json.dumps(self.results))
+        results["1b.trainerd"]["settings"] = "2 micro-batches of 4; gradient_checkpointing_layers: 17"
+        text = report.render(self.versions, self.ceiling, results)
+        self.assertIn("| trainerd (2 micro-batches of 4; gradient_checkpointing_layers: 17) | ", text)
+        self.assertNotIn("| HF PEFT (", text)
+
     def test_a_failed_reference_reads_as_such(self):
         results = json.loads(json.dumps(self.results))
         results["8b.hf"] = dict(results["8b.hf"], status="oom", error="CUDA out of memory")
