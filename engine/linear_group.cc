@@ -108,7 +108,11 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
     // it), else the recipe's tensors; and t = x A^T, a view of the producer's
     // buffer where x keeps that alive anyway, else a copy of its few columns,
     // so that the widened input is freed with this forward.
-    tensor_list saved{keep_x ? x : torch::Tensor(),
+    // Detached aliases: x may be a view of the producer's buffer, which this
+    // forward just wrote (the spare columns); autograd refuses to rebuild the
+    // history of a view made inside a custom Function (the fused kernels')
+    // after its base changed in place, and saving x itself asks for it.
+    tensor_list saved{keep_x ? x.detach() : torch::Tensor(),
                       rank > 0 ? (in_place && keep_x ? t.detach() : t.clone()) : t,
                       a_cat, norm_input, norm_rstd, norm_weight, gate, up};
     for (const auto& t : lora) saved.push_back(t);

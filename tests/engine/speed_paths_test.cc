@@ -134,12 +134,31 @@ TEST(ActivationCheckpointing, SameLossAndGradientsWithDropout) {
   }
 }
 
+// x (N, in) copied into the left part of rows `in + spare` wide, made inside a
+// custom Function as the fused kernels make their outputs (FusedRmsNorm,
+// FusedSwiGlu): autograd treats views with that origin strictly when their
+// base changes in place, which the widened node does to the spare columns.
+class WideRowsFunction : public torch::autograd::Function<WideRowsFunction> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext*, const torch::Tensor& x, int64_t spare) {
+    const torch::Tensor rows = torch::empty({x.size(0), x.size(1) + spare}, x.options());
+    torch::Tensor left = rows.narrow(1, 0, x.size(1));
+    left.copy_(x);
+    return left;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*,
+                                                 torch::autograd::variable_list grads) {
+    return {grads[0], torch::Tensor()};
+  }
+};
+
 // The widened group node (engine/linear_group.h) gives each layer's Forward
 // outputs and the same gradients for the input and every LoRA matrix: a
 // q|k|v-like group with a bias on one layer and no LoRA on another; an input
 // that needs no gradient (the first layer's), where the adapters must still
 // get theirs; and an input a producer wrote into rows with the group's spare
-// columns (used in place, not copied). Run twice, so the second forward
+// columns (used in place, not copied), as a producer's custom Function made
+// it (WideRowsFunction). Run twice, so the second forward
 // rewrites the widened matrix's B columns from B after a change to B.
 TEST(LinearGroup, MatchesTheLayersOneByOne) {
   torch::manual_seed(5);
@@ -178,11 +197,7 @@ TEST(LinearGroup, MatchesTheLayersOneByOne) {
       auto run = [&](bool grouped) {
         torch::Tensor p = torch::randn({2, 5, in}, opts).requires_grad_(input_needs_grad);
         torch::Tensor x = p;
-        if (grouped && input == 2) {
-          torch::Tensor rows = torch::full({10, in + group.cols}, 7.0, opts);  // spare columns hold junk
-          x = rows.narrow(1, 0, in);
-          x.copy_(p.view({10, in}));
-        }
+        if (grouped && input == 2) x = WideRowsFunction::apply(p.view({10, in}), group.cols);  // spare: junk
         std::vector<torch::Tensor> ys;
         if (grouped) {
           ys = engine::ForwardGroup(group, group_members, x, /*training=*/true);
