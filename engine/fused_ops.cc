@@ -120,9 +120,11 @@ torch::Tensor WithSpareColumns(int64_t rows, int64_t cols, int64_t spare, const 
 
 class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
  public:
-  // Returns {y, rstd}; rstd (rows) float32 is not differentiable.
-  static variable_list forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& weight,
-                               double eps, int64_t spare) {
+  // rstd_out: when not null, set to the per-row 1/rms it saves, (rows)
+  // float32: handed out beside the graph, so that the node stays the one
+  // output node it always was.
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& weight,
+                               double eps, int64_t spare, torch::Tensor* rstd_out) {
     const c10::cuda::CUDAGuard guard(x.device());
     const int64_t hidden = x.size(-1);
     const torch::Tensor x2 = x.contiguous().view({-1, hidden});  // (rows, H)
@@ -132,8 +134,8 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
     Check(kernels::RmsNormForward(x2.data_ptr(), w.data_ptr(), y.data_ptr(), hidden + spare, rstd.data_ptr<float>(),
                                   x2.size(0), hidden, static_cast<float>(eps), DTypeOf(x), StreamOf(x)));
     ctx->save_for_backward({x2, w, rstd});
-    ctx->mark_non_differentiable({rstd});
-    return {y.view(x.sizes()), rstd};
+    if (rstd_out != nullptr) *rstd_out = rstd;
+    return y.view(x.sizes());
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -157,7 +159,7 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
                                    workspace.defined() ? workspace.numel() * sizeof(float) : 0, rows, hidden,
                                    DTypeOf(x2), StreamOf(x2)));
     return {dx.view(grads[0].sizes()), dweight.defined() ? dweight.to(w.scalar_type()) : torch::Tensor(),
-            torch::Tensor(), torch::Tensor()};
+            torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -268,9 +270,7 @@ torch::Tensor FusedRmsNorm(const torch::Tensor& x, const torch::Tensor& weight, 
 #ifdef TRAINERD_WITH_CUDA_KERNELS
   if (KernelTensor(x) && weight.defined() && weight.dim() == 1 && weight.size(0) == x.size(-1) &&
       weight.scalar_type() == x.scalar_type() && weight.device() == x.device()) {
-    variable_list outputs = RmsNormFunction::apply(x, weight, eps, spare_columns);
-    if (rstd != nullptr) *rstd = outputs[1];
-    return outputs[0];
+    return RmsNormFunction::apply(x, weight, eps, spare_columns, rstd);
   }
 #endif
   return PlainRmsNorm(x, weight, eps, rstd);
