@@ -11,7 +11,7 @@
 #   CUSTOM_SHAPE=llama3-8b               the custom row's base shape (a key of hf_peft_baseline.py's SHAPES)
 #   CUSTOM_CONFIG='{"num_attention_heads": 16}'  config.json keys over the base shape (JSON; default none)
 #   CUSTOM_MB=4 CUSTOM_SEQ=2048 CUSTOM_CKPT=0    its micro-batch, sequence length, activation checkpointing
-#   CKPT_LAYERS=17                       the 8b-ckpt row: how many layers trainerd recomputes
+#   CKPT_LAYERS=14                       the 8b-ckpt row: how many layers trainerd recomputes
 #   LORA_R=16 LORA_ALPHA=2*LORA_R        the LoRA rank and alpha of every row, on both sides
 #   SYSTEMS="trainerd hf hf-compile"     systems to run on each row
 #   WORK_DIR=/tmp/trainerd-speed         model folders, token files, jobs, logs; results in $WORK_DIR/results
@@ -63,10 +63,10 @@ row_def() {
     8b) shape=llama3-8b mb=4 seq=2048 ckpt=0 ;;
     8b-ckpt) shape=llama3-8b mb=8 seq=2048 ckpt=1
       # Memory savers of trainerd's choosing: two micro-batches of 4 (the optimizer steps on the sum
-      # of their gradients), and 17 of the 32 layers recomputed: the fastest split within the
-      # compiled reference's 31.5 GiB on an H200 (NOTES.md, "Runs").
+      # of their gradients), and 14 of the 32 layers recomputed: the fastest split within the
+      # compiled reference's 31.5 GiB on an H200 (30.3 GiB; 17 layers: 28.4 GiB; NOTES.md, "Runs").
       t_mb=4 t_accum=2
-      TRAINERD_EXTRA_YAML=$'gradient_checkpointing: true\ngradient_checkpointing_layers: '${CKPT_LAYERS:-17} ;;
+      TRAINERD_EXTRA_YAML=$'gradient_checkpointing: true\ngradient_checkpointing_layers: '${CKPT_LAYERS:-14} ;;
     custom) shape=${CUSTOM_SHAPE:-llama3-8b} mb=${CUSTOM_MB:-4} seq=${CUSTOM_SEQ:-2048} ckpt=${CUSTOM_CKPT:-0}
       shape_config=${CUSTOM_CONFIG:-}
       [ "$ckpt" = 1 ] && TRAINERD_EXTRA_YAML='gradient_checkpointing: true' ;;
