@@ -52,17 +52,16 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
     };
     torch::Tensor norm_input, norm_rstd, norm_weight, gate, up;
     if (rank > 0) {
-      norm_input = rows_of(recipe.norm_input);
-      const bool norm = norm_input.defined() && recipe.norm_rstd.defined() && recipe.norm_rstd.numel() == n &&
-                        recipe.norm_weight.defined() && recipe.norm_weight.numel() == in;
-      if (norm) {
+      const torch::Tensor normed_rows = rows_of(recipe.norm_input);
+      const torch::Tensor gate_rows = rows_of(recipe.gate), up_rows = rows_of(recipe.up);
+      if (normed_rows.defined() && recipe.norm_rstd.defined() && recipe.norm_rstd.numel() == n &&
+          recipe.norm_weight.defined() && recipe.norm_weight.numel() == in) {
+        norm_input = normed_rows;
         norm_rstd = recipe.norm_rstd.detach().reshape({n});
         norm_weight = recipe.norm_weight.detach().reshape({in});
-      } else {
-        norm_input = torch::Tensor();
-        gate = rows_of(recipe.gate);
-        up = rows_of(recipe.up);
-        if (!gate.defined() || !up.defined()) gate = up = torch::Tensor();
+      } else if (gate_rows.defined() && up_rows.defined()) {
+        gate = gate_rows;
+        up = up_rows;
       }
     }
     const bool keep_x = rank > 0 && !norm_input.defined() && !gate.defined();

@@ -316,7 +316,7 @@ torch::Tensor LlamaModel::LayerForward(size_t index, const torch::Tensor& h, con
   // does not keep the SwiGLU output either: down makes it again in its
   // backward, one elementwise pass. Recomputed layers need no such saving.
   InputRecipe activated;
-  if (gradient_checkpointing_ && index >= static_cast<size_t>(checkpointed_layers())) {
+  if (gradient_checkpointing_ && !Recomputes(index)) {
     activated.gate = gate_up[0];
     activated.up = gate_up[1];
   }
@@ -337,10 +337,9 @@ torch::Tensor LlamaModel::Hidden(const torch::Tensor& input_ids, const torch::Te
   const int64_t b = input_ids.size(0), t = input_ids.size(1);
   torch::Tensor h = torch::embedding(embed_tokens_, input_ids);  // (B, T, H)
   const AttentionInputs in = PrepareAttention(b, t, position_ids, segments);
-  const bool recompute = gradient_checkpointing_ && training_ && torch::GradMode::is_enabled();
-  const auto recomputed = static_cast<size_t>(checkpointed_layers());
+  const bool recompute = training_ && torch::GradMode::is_enabled();
   for (size_t i = 0; i < layers_.size(); ++i) {
-    h = recompute && i < recomputed ? CheckpointedLayer(*this, i, h, in) : LayerForward(i, h, in);
+    h = recompute && Recomputes(i) ? CheckpointedLayer(*this, i, h, in) : LayerForward(i, h, in);
   }
   return FusedRmsNorm(h, norm_, config_.rms_norm_eps);
 }

@@ -126,6 +126,10 @@ class LlamaModel {
     const auto all = static_cast<int64_t>(layers_.size());
     return checkpointed_layers_ > 0 && checkpointed_layers_ < all ? checkpointed_layers_ : all;
   }
+  // Whether checkpointing is on and layer `index` is one that recomputes.
+  bool Recomputes(size_t index) const {
+    return gradient_checkpointing_ && index < static_cast<size_t>(checkpointed_layers());
+  }
 
   // What every layer's attention needs, prepared once per forward pass.
   struct AttentionInputs {
