@@ -83,6 +83,33 @@ bool ModeMatchesFlash(const torch::Device& device, torch::ScalarType dtype, int6
   }
 }
 
+// Identity on the operator's output whose backward hands the operator an
+// output gradient with the output's own strides. Why: PyTorch caches cuDNN's
+// backward graph by shapes and q/k/v strides only, and with cuDNN 9.5.1 or
+// later takes the output gradient in whatever layout it arrives, so a graph
+// built for one gradient layout reads a later gradient of another layout
+// wrongly (a widened o group's input gradient is a column view of a wider
+// product; a plain Linear's is dense). One layout per key keeps the cache true.
+class OutputLayoutGradient : public torch::autograd::Function<OutputLayoutGradient> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& out) {
+    ctx->saved_data["sizes"] = out.sizes().vec();
+    ctx->saved_data["strides"] = out.strides().vec();
+    return out.view_as(out);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const std::vector<int64_t> sizes = ctx->saved_data["sizes"].toIntVector();
+    const std::vector<int64_t> strides = ctx->saved_data["strides"].toIntVector();
+    const torch::Tensor& g = grads[0];
+    if (!g.defined() || g.strides() == at::IntArrayRef(strides)) return {g};
+    torch::Tensor matched = torch::empty_strided(sizes, strides, g.options());
+    matched.copy_(g);
+    return {matched};
+  }
+};
+
 }  // namespace
 
 CudnnAttentionMode CudnnAttentionModeFor(const torch::Device& device, torch::ScalarType dtype, int64_t heads,
@@ -126,7 +153,8 @@ torch::Tensor CudnnCausalAttention(const torch::Tensor& q, const torch::Tensor& 
                           /*return_debug_mask=*/false, /*scale=*/c10::IValue()};
   op->callBoxed(&stack);
   TORCH_CHECK(!stack.empty() && stack[0].isTensor(), "cuDNN attention returned no output");
-  return stack[0].toTensor();
+  const torch::Tensor out = stack[0].toTensor();
+  return needs_grad ? OutputLayoutGradient::apply(out) : out;
 }
 
 }  // namespace trainerd::engine

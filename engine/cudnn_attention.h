@@ -39,7 +39,9 @@ CudnnAttentionMode CudnnAttentionModeFor(const torch::Device& device, torch::Sca
 // Causal attention of each row. q: (B, nh, T, d); k, v: (B, nkv, T, d), any
 // strides with the last dimension contiguous (views of (B, T, heads, d)
 // projections). Returns (B, nh, T, d). Differentiable (the operator's own
-// backward). Only where CudnnAttentionModeFor says kNative or kRepeated.
+// backward, handed the output gradient in the output's own strides whatever
+// layout it arrives in: PyTorch's cache of cuDNN graphs cannot tell gradient
+// layouts apart). Only where CudnnAttentionModeFor says kNative or kRepeated.
 torch::Tensor CudnnCausalAttention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                    CudnnAttentionMode mode);
 

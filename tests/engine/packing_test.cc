@@ -247,6 +247,56 @@ TEST(CudnnAttention, MatchesTheExplicitCausalAttentionInBfloat16) {
   EXPECT_LE(Report("cuDNN dv rel err (bf16)", RelativeError(vb.grad().transpose(1, 2), v.grad())), 3e-2);
 }
 
+// Identity whose backward hands on the gradient as the left part of wider
+// rows, as a widened o group gives its input gradient (a column view of one
+// product, engine/linear_group.h).
+class GradientInWiderRows : public torch::autograd::Function<GradientInWiderRows> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext*, const torch::Tensor& x) { return x.view_as(x); }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*,
+                                                 torch::autograd::variable_list grads) {
+    const torch::Tensor g = grads[0].reshape({-1, grads[0].size(-1)});
+    const torch::Tensor rows = torch::full({g.size(0), g.size(1) + 16}, 7.0, g.options());
+    rows.narrow(1, 0, g.size(1)).copy_(g);
+    return {rows.narrow(1, 0, g.size(1)).view(grads[0].sizes())};
+  }
+};
+
+// The q/k/v gradients are right whatever the layout of the output gradient,
+// dense or rows of a wider product, in either order, with the same q/k/v
+// shapes and strides each time: PyTorch caches cuDNN's backward graph by
+// those, not by the output gradient's strides.
+TEST(CudnnAttention, GradientsRightWhateverTheOutputGradientsLayout) {
+  SKIP_UNLESS_CUDA_VARLEN();
+  const torch::Device dev = TorchTestDevice();
+  const int64_t b = 2, t = 48, nh = 4, nkv = 2, d = 16;  // a layout no other test here runs
+  const engine::CudnnAttentionMode mode = engine::CudnnAttentionModeFor(dev, torch::kBFloat16, nh, nkv, d);
+  ASSERT_NE(mode, engine::CudnnAttentionMode::kUnavailable);
+  torch::manual_seed(9);
+  auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(dev);
+  torch::Tensor q0 = torch::randn({b, t, nh, d}, f32), k0 = torch::randn({b, t, nkv, d}, f32);
+  torch::Tensor v0 = torch::randn({b, t, nkv, d}, f32), w = torch::randn({b, t, nh * d}, f32);
+
+  torch::Tensor q = q0.clone().requires_grad_(true), k = k0.clone().requires_grad_(true);
+  torch::Tensor v = v0.clone().requires_grad_(true);
+  torch::Tensor ref = engine::CausalAttentionExplicit(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2));
+  (ref.transpose(1, 2).reshape({b, t, nh * d}) * w).sum().backward();
+
+  for (bool wide : {true, false, true}) {
+    SCOPED_TRACE(wide ? "output gradient in wider rows" : "dense output gradient");
+    torch::Tensor qb = q0.to(torch::kBFloat16).requires_grad_(true);
+    torch::Tensor kb = k0.to(torch::kBFloat16).requires_grad_(true);
+    torch::Tensor vb = v0.to(torch::kBFloat16).requires_grad_(true);
+    torch::Tensor out = engine::CudnnCausalAttention(qb.transpose(1, 2), kb.transpose(1, 2), vb.transpose(1, 2), mode);
+    torch::Tensor o = out.transpose(1, 2).reshape({b, t, nh * d});
+    if (wide) o = GradientInWiderRows::apply(o);
+    (o.to(torch::kFloat32) * w).sum().backward();
+    EXPECT_LE(RelativeError(qb.grad(), q.grad()), 3e-2);
+    EXPECT_LE(RelativeError(kb.grad(), k.grad()), 3e-2);
+    EXPECT_LE(RelativeError(vb.grad(), v.grad()), 3e-2);
+  }
+}
+
 // A packed batch's loss and gradients (LoRA A/B and base attention weights)
 // equal those of its examples run one by one, in bfloat16 on CUDA, and the
 // packed batch took the variable-length path.
