@@ -65,23 +65,35 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
       }
     }
     const bool keep_x = rank > 0 && !norm_input.defined() && !gate.defined();
-    // No LoRA member (cols 0): the stacked product of x as it is.
-    torch::Tensor x_ext = cols == 0 ? x : WidenedView(x, in, cols);
-    const bool in_place = x_ext.defined();
-    if (!in_place) {
-      x_ext = torch::empty({n, in + cols}, x.options());
-      x_ext.narrow(1, 0, in).copy_(x);
-    }
-    if (cols > rank) x_ext.narrow(1, in + rank, cols - rank).zero_();
     // The A's stacked in the model dtype (rank, in); x A^T into the B columns
-    // of the widened input; each s_i B_i into its block of the widened matrix.
-    torch::Tensor a_cat, t;
+    // of the widened input.
+    torch::Tensor a_cat, t;  // t = x A^T (N, rank)
     if (rank > 0) {
       std::vector<torch::Tensor> a_parts;
       for (size_t j = 0; j < lora.size(); j += 2) a_parts.push_back(lora[j].to(x.scalar_type()));
       a_cat = a_parts.size() == 1 ? a_parts[0] : torch::cat(a_parts, 0);
-      t = x_ext.narrow(1, in, rank);
-      at::mm_out(t, x, a_cat.t());
+    }
+    // No LoRA member (cols 0): the stacked product of x as it is.
+    torch::Tensor x_ext = cols == 0 ? x : WidenedView(x, in, cols);
+    const bool in_place = x_ext.defined();
+    if (in_place) {
+      if (rank > 0) {
+        t = x_ext.narrow(1, in, rank);
+        at::mm_out(t, x, a_cat.t());
+      }
+      if (cols > rank) x_ext.narrow(1, in + rank, cols - rank).zero_();
+    } else {
+      // No room left by the producer (cols > 0, so rank > 0): whole rows
+      // written by one concatenation, which runs at copy bandwidth, where a
+      // copy into the left part of wider rows runs at about a third of it.
+      t = torch::mm(x, a_cat.t());
+      std::vector<torch::Tensor> parts{x, t};
+      if (cols > rank) parts.push_back(torch::zeros({n, cols - rank}, x.options()));
+      x_ext = torch::cat(parts, 1);
+    }
+    // Each s_i B_i into its block of the widened matrix; the A's into the rows
+    // below the weights where the group keeps them.
+    if (rank > 0) {
       if (group.a_rows > 0) group.widened.narrow(0, Sum(group.outs), rank).narrow(1, 0, in).copy_(a_cat);
       int64_t row = 0, col = in, j = 0;
       for (size_t i = 0; i < group.outs.size(); ++i) {
@@ -104,15 +116,15 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
     }
     // Kept for the backward: x itself where no recipe makes it, not the
     // widened copy (whoever else keeps x, attention for o's input, shares
-    // it), else the recipe's tensors; and t = x A^T, a view of the producer's
-    // buffer where x keeps that alive anyway, else a copy of its few columns,
-    // so that the widened input is freed with this forward.
+    // it), else the recipe's tensors; and t = x A^T: a view of the producer's
+    // buffer where x keeps that alive anyway, else its few columns of its
+    // own, so that the widened input is freed with this forward.
     // Detached aliases: x may be a view of the producer's buffer, which this
     // forward just wrote (the spare columns); autograd refuses to rebuild the
     // history of a view made inside a custom Function (the fused kernels')
     // after its base changed in place, and saving x itself asks for it.
     tensor_list saved{keep_x ? x.detach() : torch::Tensor(),
-                      rank > 0 ? (in_place && keep_x ? t.detach() : t.clone()) : t,
+                      rank > 0 && in_place ? (keep_x ? t.detach() : t.clone()) : t,
                       a_cat, norm_input, norm_rstd, norm_weight, gate, up};
     for (const auto& t : lora) saved.push_back(t);
     ctx->save_for_backward(saved);
@@ -153,13 +165,12 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
       // Input wider than the output (down): u first, a thin product over g,
       // then [g | u | 0] [W ; A ; 0] = g W + u A, so that no pass over the
       // wide input gradient follows.
+      // [g | u | 0] by one concatenation (see the forward's widened input).
       const int64_t a_rows = widened.size(0) - out_total;
-      const torch::Tensor g_ext = torch::empty({g.size(0), out_total + a_rows}, g.options());
-      g_ext.narrow(1, 0, out_total).copy_(g);
-      if (a_rows > rank) g_ext.narrow(1, out_total + rank, a_rows - rank).zero_();
-      u = g_ext.narrow(1, out_total, rank);
-      at::mm_out(u, g, top.narrow(1, in, rank));
-      grad_x = torch::mm(g_ext, widened.narrow(1, 0, in));
+      u = torch::mm(g, top.narrow(1, in, rank));
+      std::vector<torch::Tensor> parts{g, u};
+      if (a_rows > rank) parts.push_back(torch::zeros({g.size(0), a_rows - rank}, g.options()));
+      grad_x = torch::mm(torch::cat(parts, 1), widened.narrow(1, 0, in));
       lora_term_in_gemm = true;
     } else if (need_x) {
       // g [W | sB | 0] = [g W | u | 0]: the input gradient and u from one GEMM.

@@ -25,6 +25,8 @@
 #   RUN_TIMEOUT_S=0                      kill one measurement after this many seconds (0: never)
 #   TRAINERD_EXTRA_YAML='key: value'     extra training: keys for trainerd on every row (one per line)
 #   TRAINERD_COMMIT=abc123               the commit to report (default: git's HEAD; give it for a tree copied without .git)
+#   PROFILE=1                            after each trainerd row, profile two more of its steps (trainerd-worker
+#                                        --profile) and summarise where they went: profile-ROW.txt in the results
 #   OUT                                  if set: speed.md (the table), results.json (every figure), run.log
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
@@ -39,6 +41,7 @@ steps=${STEPS:-10}
 keep=${KEEP:-0}
 budget=${BUDGET_S:-0}
 run_timeout=${RUN_TIMEOUT_S:-0}
+profile=${PROFILE:-0}
 extra_all=${TRAINERD_EXTRA_YAML:-}
 lora_r=${LORA_R:-16}
 lora_alpha=${LORA_ALPHA:-}
@@ -275,6 +278,23 @@ output:
 EOF
 }
 
+# Where a trainerd row's step time goes: a run of warmup + 2 steps whose last two are traced, and
+# the summary of the trace by kind of kernel, kernel and operator (trace_summary.py).
+profile_row() {  # row, the row's run base
+  local base=$2.profile summary=$results/profile-$1.txt first=$((warmup + 1))
+  ( steps=2; write_job "$base.yaml" "$model" "$tokens" "$base.out" )
+  rm -rf "$base.out"
+  say "row $1: profiling steps $first-$((first + 1)) of trainerd"
+  if run_timed "$base.log" "$worker" run "$base.yaml" --profile "$base.trace.json" --profile-steps "$first-$((first + 1))" &&
+     [ "$rc" = 0 ] && python3 "$here/trace_summary.py" "$base.trace.json" --steps 2 --ops 40 > "$summary" 2>&1; then
+    [ -n "$out" ] && cp "$summary" "$out/"
+    head -3 "$summary"
+  else
+    fail "row $1: the profile failed (log: $base.log)"
+    tail -3 "$base.log"
+  fi
+}
+
 skipped=() failed=()
 for r in $rows; do
   row_def "$r"
@@ -309,6 +329,11 @@ for r in $rows; do
         settings="micro-batch $t_mb"
         [ "$t_accum" -gt 1 ] && settings="$t_accum micro-batches of $t_mb"
         [ -n "$TRAINERD_EXTRA_YAML" ] && settings="$settings; $(printf '%s' "$TRAINERD_EXTRA_YAML" | sed ':a;N;$!ba;s/\n/, /g')"
+        if [ "$profile" = 1 ] && [ "$rc" = 0 ]; then
+          measured_rc=$rc measured_wall=$wall
+          profile_row "$r" "$base"
+          rc=$measured_rc wall=$measured_wall
+        fi
       fi
     else
       args=(--model-dir "$model" --micro-batch "$mb" --seq "$seq" --tokens "$tokens" --warmup "$warmup" --steps "$steps"
