@@ -137,6 +137,7 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
     ctx->saved_data["outs"] = group.outs;
     ctx->saved_data["ranks"] = group.ranks;
     ctx->saved_data["scaling"] = scaling;
+    ctx->saved_data["dense_input_gradient"] = group.dense_input_gradient;
     return outputs;
   }
 
@@ -172,6 +173,9 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
       if (a_rows > rank) parts.push_back(torch::zeros({g.size(0), a_rows - rank}, g.options()));
       grad_x = torch::mm(torch::cat(parts, 1), widened.narrow(1, 0, in));
       lora_term_in_gemm = true;
+    } else if (need_x && ctx->saved_data["dense_input_gradient"].toBool()) {
+      grad_x = torch::mm(g, top.narrow(1, 0, in));
+      if (rank > 0) u = torch::mm(g, top.narrow(1, in, rank));
     } else if (need_x) {
       // g [W | sB | 0] = [g W | u | 0]: the input gradient and u from one GEMM.
       const torch::Tensor grad_ext = torch::mm(g, top);

@@ -48,6 +48,11 @@ struct LinearGroup {
   int64_t a_rows = 0;          // the A rows below the weights, padding included (0: none)
   std::vector<int64_t> outs;   // per member: its rows
   std::vector<int64_t> ranks;  // per member: its LoRA rank, 0 without LoRA
+  // The input gradient dense (N, in) rather than the left part of the
+  // backward's (N, in + cols) product: for an input whose producer would copy
+  // a strided gradient (attention's backward, for o). Costs a thin product
+  // for the LoRA term's u, which otherwise comes out of the same GEMM.
+  bool dense_input_gradient = false;
 
   // The columns a producer of this group's input may leave after each row
   // (FusedRmsNorm, FusedSwiGlu) so that the node widens the input in place.
@@ -73,6 +78,7 @@ struct InputRecipe {
 // Moves `members`' weights (and biases) into group.widened (group.bias): each
 // member's weight (bias) becomes a view of its rows. The members' LoRA, as
 // attached now, lays out the B columns. Frees the members' separate weights.
+// Resets the group (dense_input_gradient too).
 void Widen(LinearGroup& group, const std::vector<Linear*>& members);
 
 // Each member applied to x (..., in): their outputs (..., out_i) in order, as

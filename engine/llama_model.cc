@@ -327,6 +327,7 @@ void LlamaModel::WidenLinearGroups() {
   for (DecoderLayer& l : layers_) {
     Widen(l.qkv, {&l.q_proj, &l.k_proj, &l.v_proj});
     Widen(l.o, {&l.o_proj});
+    l.o.dense_input_gradient = true;  // attention's backward takes its output gradient dense
     Widen(l.gate_up, {&l.gate_proj, &l.up_proj});
     Widen(l.down, {&l.down_proj});
   }

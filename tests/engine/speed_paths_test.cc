@@ -448,6 +448,60 @@ TEST(LinearGroup, WithoutLoraIsTheStackedProduct) {
   EXPECT_LE(RelativeError(x.grad(), x2.grad()), TestTolerances().loss * 10);
 }
 
+// Identity whose backward notes whether the gradient it got was dense.
+class GradientLayoutProbe : public torch::autograd::Function<GradientLayoutProbe> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, bool* dense) {
+    ctx->saved_data["dense"] = reinterpret_cast<int64_t>(dense);
+    return x.view_as(x);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    *reinterpret_cast<bool*>(ctx->saved_data["dense"].toInt()) = grads[0].is_contiguous();
+    return {grads[0], torch::Tensor()};
+  }
+};
+
+// A group asked for a dense input gradient (o, before attention) gives the
+// same gradients as the layer on its own, and its input's producer gets the
+// gradient dense; without the request it gets the left part of wider rows.
+TEST(LinearGroup, DenseInputGradientOnRequest) {
+  torch::manual_seed(13);
+  const auto opts = torch::TensorOptions().dtype(TorchTestDtype()).device(TorchTestDevice());
+  const auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(TorchTestDevice());
+  engine::Linear layer;
+  layer.weight = torch::randn({24, 24}, opts) * 0.2;
+  layer.lora = engine::LoraWeights{(torch::randn({4, 24}, f32) * 0.3).set_requires_grad(true),
+                                   (torch::randn({24, 4}, f32) * 0.3).set_requires_grad(true), 2.0, 0.0};
+  engine::Linear widened = layer;
+  engine::LinearGroup group;
+  engine::Widen(group, {&widened});
+  ASSERT_EQ(group.a_rows, 0);  // in == out: the input gradient comes out of the [W | sB] product
+  const torch::Tensor x0 = torch::randn({6, 24}, opts);
+  auto run = [&](bool grouped) {
+    torch::Tensor x = x0.clone().requires_grad_();
+    bool dense = false;
+    const torch::Tensor probed = GradientLayoutProbe::apply(x, &dense);
+    const torch::Tensor y = grouped ? engine::ForwardGroup(group, {&widened}, probed, true)[0]
+                                    : layer.Forward(probed, true);
+    layer.lora->a.mutable_grad() = torch::Tensor();
+    layer.lora->b.mutable_grad() = torch::Tensor();
+    (y.to(torch::kFloat32) * torch::linspace(-1, 1, 24, f32)).sum().backward();
+    return std::make_pair(dense, std::vector<torch::Tensor>{y, x.grad(), layer.lora->a.grad().clone(),
+                                                            layer.lora->b.grad().clone()});
+  };
+  const auto plain = run(false);
+  const auto strided = run(true);
+  EXPECT_FALSE(strided.first);
+  group.dense_input_gradient = true;
+  const auto dense = run(true);
+  EXPECT_TRUE(dense.first);
+  for (size_t i = 0; i < plain.second.size(); ++i) {
+    EXPECT_LE(RelativeError(dense.second[i], plain.second[i]), TestTolerances().loss * 10) << "tensor " << i;
+    EXPECT_LE(RelativeError(strided.second[i], plain.second[i]), TestTolerances().loss * 10) << "tensor " << i;
+  }
+}
+
 // The fused AdamW (CUDA, LibTorch 2.x) and the plain one take the same steps;
 // elsewhere FusedAdamW is the plain step. State stays in the optimizer.
 TEST(FusedAdamW, MatchesThePlainOptimizer) {
