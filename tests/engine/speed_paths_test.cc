@@ -255,35 +255,57 @@ TEST(LinearGroup, MatchesTheLayersOneByOne) {
   }
 }
 
+// One LoRA layer (float32 adapter, random B) and its widened group; the
+// group's copy of the layer shares the adapter.
+struct OneLayerGroup {
+  engine::Linear layer, widened;
+  engine::LinearGroup group;
+
+  OneLayerGroup(int64_t out, int64_t in, int64_t rank, double scaling) {
+    const auto opts = torch::TensorOptions().dtype(TorchTestDtype()).device(TorchTestDevice());
+    const auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(TorchTestDevice());
+    layer.weight = torch::randn({out, in}, opts) * 0.2;
+    layer.lora = engine::LoraWeights{(torch::randn({rank, in}, f32) * 0.3).set_requires_grad(true),
+                                     (torch::randn({out, rank}, f32) * 0.3).set_requires_grad(true), scaling, 0.0};
+    widened = layer;
+    engine::Widen(group, {&widened});
+  }
+
+  // The output, input gradient and adapter gradients of the layer alone or
+  // as the group, for a loss weighing each output column differently; sets
+  // *dense_input_gradient to whether the input's gradient came dense.
+  std::vector<torch::Tensor> Run(const torch::Tensor& x0, bool grouped, bool* dense_input_gradient = nullptr) {
+    torch::Tensor x = x0.clone().requires_grad_();
+    if (dense_input_gradient != nullptr) {
+      x.register_hook([dense_input_gradient](const torch::Tensor& g) { *dense_input_gradient = g.is_contiguous(); });
+    }
+    const torch::Tensor y = grouped ? engine::ForwardGroup(group, {&widened}, x, true)[0] : layer.Forward(x, true);
+    layer.lora->a.mutable_grad() = torch::Tensor();
+    layer.lora->b.mutable_grad() = torch::Tensor();
+    const auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(TorchTestDevice());
+    (y.to(torch::kFloat32) * torch::linspace(-1, 1, y.size(-1), f32)).sum().backward();
+    return {y, x.grad(), layer.lora->a.grad().clone(), layer.lora->b.grad().clone()};
+  }
+};
+
+void ExpectSameTensors(const std::vector<torch::Tensor>& got, const std::vector<torch::Tensor>& want) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_LE(RelativeError(got[i], want[i]), TestTolerances().loss * 10) << "tensor " << i;
+  }
+}
+
 // A group whose input is wider than its output (down) keeps its A's in rows
 // below the weights and takes u A inside the input gradient's GEMM: the same
 // gradients as the layer on its own.
 TEST(LinearGroup, WiderInputTakesTheLoraTermInItsGemm) {
   torch::manual_seed(7);
+  OneLayerGroup g(8, 40, 3, 1.5);
+  EXPECT_EQ(g.group.a_rows, 8);  // rank 3, padded
+  EXPECT_EQ(g.group.widened.size(0), 16);
   const auto opts = torch::TensorOptions().dtype(TorchTestDtype()).device(TorchTestDevice());
-  const auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(TorchTestDevice());
-  engine::Linear layer;
-  layer.weight = torch::randn({8, 40}, opts) * 0.2;
-  layer.lora = engine::LoraWeights{(torch::randn({3, 40}, f32) * 0.3).set_requires_grad(true),
-                                   (torch::randn({8, 3}, f32) * 0.3).set_requires_grad(true), 1.5, 0.0};
-  engine::Linear widened = layer;
-  engine::LinearGroup group;
-  engine::Widen(group, {&widened});
-  EXPECT_EQ(group.a_rows, 8);  // rank 3, padded
-  EXPECT_EQ(group.widened.size(0), 16);
-  auto run = [&](bool grouped) {
-    torch::manual_seed(11);
-    torch::Tensor x = torch::randn({5, 40}, opts).requires_grad_();
-    const torch::Tensor y = grouped ? engine::ForwardGroup(group, {&widened}, x, true)[0] : layer.Forward(x, true);
-    layer.lora->a.mutable_grad() = torch::Tensor();
-    layer.lora->b.mutable_grad() = torch::Tensor();
-    (y.to(torch::kFloat32) * torch::linspace(-1, 1, 8, f32)).sum().backward();
-    return std::vector<torch::Tensor>{y, x.grad(), layer.lora->a.grad().clone(), layer.lora->b.grad().clone()};
-  };
-  const auto plain = run(false), grouped = run(true);
-  for (size_t i = 0; i < plain.size(); ++i) {
-    EXPECT_LE(RelativeError(grouped[i], plain[i]), TestTolerances().loss * 10) << "tensor " << i;
-  }
+  const torch::Tensor x = torch::randn({5, 40}, opts);
+  ExpectSameTensors(g.Run(x, true), g.Run(x, false));
 }
 
 // Whether the (only) tensor that holds x's storage lets it go: false while
@@ -448,58 +470,22 @@ TEST(LinearGroup, WithoutLoraIsTheStackedProduct) {
   EXPECT_LE(RelativeError(x.grad(), x2.grad()), TestTolerances().loss * 10);
 }
 
-// Identity whose backward notes whether the gradient it got was dense.
-class GradientLayoutProbe : public torch::autograd::Function<GradientLayoutProbe> {
- public:
-  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, bool* dense) {
-    ctx->saved_data["dense"] = reinterpret_cast<int64_t>(dense);
-    return x.view_as(x);
-  }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    *reinterpret_cast<bool*>(ctx->saved_data["dense"].toInt()) = grads[0].is_contiguous();
-    return {grads[0], torch::Tensor()};
-  }
-};
-
 // A group asked for a dense input gradient (o, before attention) gives the
 // same gradients as the layer on its own, and its input's producer gets the
 // gradient dense; without the request it gets the left part of wider rows.
 TEST(LinearGroup, DenseInputGradientOnRequest) {
   torch::manual_seed(13);
+  OneLayerGroup g(24, 24, 4, 2.0);
+  ASSERT_EQ(g.group.a_rows, 0);  // in == out: the input gradient comes out of the [W | sB] product
   const auto opts = torch::TensorOptions().dtype(TorchTestDtype()).device(TorchTestDevice());
-  const auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(TorchTestDevice());
-  engine::Linear layer;
-  layer.weight = torch::randn({24, 24}, opts) * 0.2;
-  layer.lora = engine::LoraWeights{(torch::randn({4, 24}, f32) * 0.3).set_requires_grad(true),
-                                   (torch::randn({24, 4}, f32) * 0.3).set_requires_grad(true), 2.0, 0.0};
-  engine::Linear widened = layer;
-  engine::LinearGroup group;
-  engine::Widen(group, {&widened});
-  ASSERT_EQ(group.a_rows, 0);  // in == out: the input gradient comes out of the [W | sB] product
-  const torch::Tensor x0 = torch::randn({6, 24}, opts);
-  auto run = [&](bool grouped) {
-    torch::Tensor x = x0.clone().requires_grad_();
-    bool dense = false;
-    const torch::Tensor probed = GradientLayoutProbe::apply(x, &dense);
-    const torch::Tensor y = grouped ? engine::ForwardGroup(group, {&widened}, probed, true)[0]
-                                    : layer.Forward(probed, true);
-    layer.lora->a.mutable_grad() = torch::Tensor();
-    layer.lora->b.mutable_grad() = torch::Tensor();
-    (y.to(torch::kFloat32) * torch::linspace(-1, 1, 24, f32)).sum().backward();
-    return std::make_pair(dense, std::vector<torch::Tensor>{y, x.grad(), layer.lora->a.grad().clone(),
-                                                            layer.lora->b.grad().clone()});
-  };
-  const auto plain = run(false);
-  const auto strided = run(true);
-  EXPECT_FALSE(strided.first);
-  group.dense_input_gradient = true;
-  const auto dense = run(true);
-  EXPECT_TRUE(dense.first);
-  for (size_t i = 0; i < plain.second.size(); ++i) {
-    EXPECT_LE(RelativeError(dense.second[i], plain.second[i]), TestTolerances().loss * 10) << "tensor " << i;
-    EXPECT_LE(RelativeError(strided.second[i], plain.second[i]), TestTolerances().loss * 10) << "tensor " << i;
-  }
+  const torch::Tensor x = torch::randn({6, 24}, opts);
+  const std::vector<torch::Tensor> plain = g.Run(x, false);
+  bool dense = true;
+  ExpectSameTensors(g.Run(x, true, &dense), plain);
+  EXPECT_FALSE(dense);
+  g.group.dense_input_gradient = true;
+  ExpectSameTensors(g.Run(x, true, &dense), plain);
+  EXPECT_TRUE(dense);
 }
 
 // The fused AdamW (CUDA, LibTorch 2.x) and the plain one take the same steps;
