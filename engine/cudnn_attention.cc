@@ -93,18 +93,16 @@ bool ModeMatchesFlash(const torch::Device& device, torch::ScalarType dtype, int6
 class OutputLayoutGradient : public torch::autograd::Function<OutputLayoutGradient> {
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& out) {
-    ctx->saved_data["sizes"] = out.sizes().vec();
     ctx->saved_data["strides"] = out.strides().vec();
     return out.view_as(out);
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    const std::vector<int64_t> sizes = ctx->saved_data["sizes"].toIntVector();
     const std::vector<int64_t> strides = ctx->saved_data["strides"].toIntVector();
-    const torch::Tensor& g = grads[0];
+    const torch::Tensor& g = grads[0];  // the output's sizes
     if (!g.defined() || g.strides() == at::IntArrayRef(strides)) return {g};
-    torch::Tensor matched = torch::empty_strided(sizes, strides, g.options());
+    torch::Tensor matched = torch::empty_strided(g.sizes(), strides, g.options());
     matched.copy_(g);
     return {matched};
   }

@@ -34,6 +34,16 @@ torch::Tensor WidenedView(const torch::Tensor& x, int64_t in, int64_t cols) {
   return x.detach().as_strided({x.size(0), row}, {row, 1});
 }
 
+// [left | right | 0] (N, width): one concatenation, which writes whole rows
+// at copy bandwidth, where a copy into the left part of wider rows runs at
+// about a third of it. right (N, r) with r <= width - left's columns.
+torch::Tensor ConcatPadded(const torch::Tensor& left, const torch::Tensor& right, int64_t width) {
+  std::vector<torch::Tensor> parts{left, right};
+  const int64_t pad = width - left.size(1) - right.size(1);
+  if (pad > 0) parts.push_back(torch::zeros({left.size(0), pad}, left.options()));
+  return torch::cat(parts, 1);
+}
+
 // y_i = x W_i^T (+ bias_i) + s_i (x A_i^T) B_i^T for every member i, as one
 // GEMM of the widened input and matrix (see the header). Inputs: x (N, in),
 // then the LoRA members' A and B, in member order; the group (widened
@@ -82,14 +92,9 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
         at::mm_out(t, x, a_cat.t());
       }
       if (cols > rank) x_ext.narrow(1, in + rank, cols - rank).zero_();
-    } else {
-      // No room left by the producer (cols > 0, so rank > 0): whole rows
-      // written by one concatenation, which runs at copy bandwidth, where a
-      // copy into the left part of wider rows runs at about a third of it.
+    } else {  // no room left by the producer (cols > 0, so rank > 0)
       t = torch::mm(x, a_cat.t());
-      std::vector<torch::Tensor> parts{x, t};
-      if (cols > rank) parts.push_back(torch::zeros({n, cols - rank}, x.options()));
-      x_ext = torch::cat(parts, 1);
+      x_ext = ConcatPadded(x, t, in + cols);
     }
     // Each s_i B_i into its block of the widened matrix; the A's into the rows
     // below the weights where the group keeps them.
@@ -161,28 +166,23 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
     const int64_t out_total = Sum(outs);
     const torch::Tensor top = widened.narrow(0, 0, out_total);  // [W | sB | 0]
     torch::Tensor grad_x, u;  // u = s g B (N, rank), every LoRA member's columns
-    bool lora_term_in_gemm = false;
-    if (need_x && rank > 0 && widened.size(0) > out_total) {
-      // Input wider than the output (down): u first, a thin product over g,
-      // then [g | u | 0] [W ; A ; 0] = g W + u A, so that no pass over the
-      // wide input gradient follows.
-      // [g | u | 0] by one concatenation (see the forward's widened input).
-      const int64_t a_rows = widened.size(0) - out_total;
-      u = torch::mm(g, top.narrow(1, in, rank));
-      std::vector<torch::Tensor> parts{g, u};
-      if (a_rows > rank) parts.push_back(torch::zeros({g.size(0), a_rows - rank}, g.options()));
-      grad_x = torch::mm(torch::cat(parts, 1), widened.narrow(1, 0, in));
-      lora_term_in_gemm = true;
-    } else if (need_x && ctx->saved_data["dense_input_gradient"].toBool()) {
-      grad_x = torch::mm(g, top.narrow(1, 0, in));
-      if (rank > 0) u = torch::mm(g, top.narrow(1, in, rank));
-    } else if (need_x) {
+    // Input wider than the output (down): [g | u | 0] [W ; A ; 0] = g W + u A,
+    // so that no pass over the wide input gradient follows.
+    const bool lora_term_in_gemm = need_x && rank > 0 && widened.size(0) > out_total;
+    if (need_x && !lora_term_in_gemm && !ctx->saved_data["dense_input_gradient"].toBool()) {
       // g [W | sB | 0] = [g W | u | 0]: the input gradient and u from one GEMM.
       const torch::Tensor grad_ext = torch::mm(g, top);
       grad_x = grad_ext.narrow(1, 0, in);
       if (rank > 0) u = grad_ext.narrow(1, in, rank);
-    } else if (rank > 0) {
-      u = torch::mm(g, top.narrow(1, in, rank));
+    } else {
+      // u first, a thin product over g; then the input gradient, if needed,
+      // dense: with u inside its GEMM, or as g W alone (u A added below).
+      if (rank > 0) u = torch::mm(g, top.narrow(1, in, rank));
+      if (lora_term_in_gemm) {
+        grad_x = torch::mm(ConcatPadded(g, u, widened.size(0)), widened.narrow(1, 0, in));
+      } else if (need_x) {
+        grad_x = torch::mm(g, top.narrow(1, 0, in));
+      }
     }
     tensor_list result{grad_x};
     if (rank > 0) {
