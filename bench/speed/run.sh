@@ -280,8 +280,8 @@ EOF
 
 # Where a trainerd row's step time goes: a run of warmup + 2 steps whose last two are traced, and
 # the summary of the trace by kind of kernel, kernel and operator (trace_summary.py).
-profile_row() {  # row, the row's run base
-  local base=$2.profile summary=$results/profile-$1.txt first=$((warmup + 1))
+profile_row() {  # row, the row's run base; leaves the measurement's rc and wall as they were
+  local base=$2.profile summary=$results/profile-$1.txt first=$((warmup + 1)) rc wall
   ( steps=2; write_job "$base.yaml" "$model" "$tokens" "$base.out" )
   rm -rf "$base.out"
   say "row $1: profiling steps $first-$((first + 1)) of trainerd"
@@ -329,11 +329,7 @@ for r in $rows; do
         settings="micro-batch $t_mb"
         [ "$t_accum" -gt 1 ] && settings="$t_accum micro-batches of $t_mb"
         [ -n "$TRAINERD_EXTRA_YAML" ] && settings="$settings; $(printf '%s' "$TRAINERD_EXTRA_YAML" | sed ':a;N;$!ba;s/\n/, /g')"
-        if [ "$profile" = 1 ] && [ "$rc" = 0 ]; then
-          measured_rc=$rc measured_wall=$wall
-          profile_row "$r" "$base"
-          rc=$measured_rc wall=$measured_wall
-        fi
+        [ "$profile" = 1 ] && [ "$rc" = 0 ] && profile_row "$r" "$base"
       fi
     else
       args=(--model-dir "$model" --micro-batch "$mb" --seq "$seq" --tokens "$tokens" --warmup "$warmup" --steps "$steps"
