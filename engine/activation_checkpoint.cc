@@ -57,12 +57,14 @@ LlamaModel::AttentionInputs LoadInputs(AutogradContext* ctx) {
   return in;
 }
 
+// Input: the layer's input h, summed (the residual stream's base + delta),
+// and the anchor; outputs: the layer's residual stream (base, delta).
 class CheckpointedLayerFunction : public torch::autograd::Function<CheckpointedLayerFunction> {
  public:
-  // `anchor` is a 0-dim tensor that requires grad, so that the output requires
+  // `anchor` is a 0-dim tensor that requires grad, so that the outputs require
   // grad even where h does not (the first layer's input, frozen embeddings).
-  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& h, const torch::Tensor& anchor,
-                               const LlamaModel* model, int64_t index, const LlamaModel::AttentionInputs& in) {
+  static tensor_list forward(AutogradContext* ctx, const torch::Tensor& h, const torch::Tensor& anchor,
+                             const LlamaModel* model, int64_t index, const LlamaModel::AttentionInputs& in) {
     at::Generator gen = DeviceGenerator(model->device());
     ctx->saved_data["rng"] = GeneratorState(gen);
     ctx->saved_data["model"] = reinterpret_cast<int64_t>(model);
@@ -70,7 +72,8 @@ class CheckpointedLayerFunction : public torch::autograd::Function<CheckpointedL
     ctx->saved_data["h_requires_grad"] = h.requires_grad();
     SaveInputs(ctx, in);
     ctx->save_for_backward({h});
-    return model->LayerForward(static_cast<size_t>(index), h, in);
+    const LlamaModel::Residual out = model->LayerForward(static_cast<size_t>(index), {h, {}}, in);
+    return {out.base, out.delta};
   }
 
   static tensor_list backward(AutogradContext* ctx, tensor_list grad_outputs) {
@@ -82,13 +85,21 @@ class CheckpointedLayerFunction : public torch::autograd::Function<CheckpointedL
     at::Generator gen = DeviceGenerator(model->device());
     const torch::Tensor now = GeneratorState(gen);
     SetGeneratorState(gen, ctx->saved_data["rng"].toTensor());
-    torch::Tensor out;
+    LlamaModel::Residual out;
     {
       torch::AutoGradMode enable(true);
-      out = model->LayerForward(index, h, in);
+      out = model->LayerForward(index, {h, {}}, in);
     }
     SetGeneratorState(gen, now);
-    torch::autograd::backward({out}, {grad_outputs[0]});
+    tensor_list outputs, grads;  // the outputs that got a gradient
+    for (int i = 0; i < 2; ++i) {
+      const torch::Tensor& produced = i == 0 ? out.base : out.delta;
+      if (grad_outputs[i].defined() && produced.requires_grad()) {
+        outputs.push_back(produced);
+        grads.push_back(grad_outputs[i]);
+      }
+    }
+    if (!outputs.empty()) torch::autograd::backward(outputs, grads);
     return {h.requires_grad() ? h.grad() : torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(),
             torch::Tensor()};
   }
@@ -96,10 +107,14 @@ class CheckpointedLayerFunction : public torch::autograd::Function<CheckpointedL
 
 }  // namespace
 
-torch::Tensor CheckpointedLayer(const LlamaModel& model, size_t index, const torch::Tensor& h,
-                                const LlamaModel::AttentionInputs& in) {
+LlamaModel::Residual CheckpointedLayer(const LlamaModel& model, size_t index, const LlamaModel::Residual& h,
+                                       const LlamaModel::AttentionInputs& in) {
   static thread_local torch::Tensor anchor = torch::zeros({}, torch::requires_grad());
-  return CheckpointedLayerFunction::apply(h, anchor, &model, static_cast<int64_t>(index), in);
+  // One tensor kept for the backward, not two: the sum made here (a pass of
+  // its own, on recomputed layers only).
+  const torch::Tensor input = h.delta.defined() ? h.base + h.delta : h.base;
+  const tensor_list out = CheckpointedLayerFunction::apply(input, anchor, &model, static_cast<int64_t>(index), in);
+  return {out[0], out[1]};
 }
 
 }  // namespace trainerd::engine

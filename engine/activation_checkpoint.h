@@ -4,7 +4,8 @@
 // through that copy (a reentrant backward). Adapter gradients accumulate into
 // their .grad as usual; the layer input's gradient is returned.
 //
-// Memory: one (B, T, H) tensor per layer instead of every intermediate. Cost:
+// Memory: one (B, T, H) tensor per layer (its input, the residual stream
+// summed) instead of every intermediate. Cost:
 // each layer's forward runs twice. Dropout (LoRA dropout) draws the same
 // numbers in the second run: the device generator's state is saved before the
 // first run and restored around the second.
@@ -20,7 +21,7 @@ namespace trainerd::engine {
 
 // model.LayerForward(index, h, in), checkpointed. `model` and `in` must stay
 // unchanged until the backward pass has run.
-torch::Tensor CheckpointedLayer(const LlamaModel& model, size_t index, const torch::Tensor& h,
-                                const LlamaModel::AttentionInputs& in);
+LlamaModel::Residual CheckpointedLayer(const LlamaModel& model, size_t index, const LlamaModel::Residual& h,
+                                       const LlamaModel::AttentionInputs& in);
 
 }  // namespace trainerd::engine

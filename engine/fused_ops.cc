@@ -163,6 +163,65 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
   }
 };
 
+// Inputs residual, delta (..., H), weight; outputs {sum, y} (see FusedAddRmsNorm).
+class AddRmsNormFunction : public torch::autograd::Function<AddRmsNormFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const torch::Tensor& residual, const torch::Tensor& delta,
+                               const torch::Tensor& weight, double eps, int64_t spare, torch::Tensor* rstd_out) {
+    const c10::cuda::CUDAGuard guard(residual.device());
+    const int64_t hidden = residual.size(-1);
+    const torch::Tensor r2 = residual.contiguous().view({-1, hidden});  // (rows, H)
+    const torch::Tensor d2 = delta.contiguous().view({-1, hidden});
+    const torch::Tensor w = weight.contiguous();
+    torch::Tensor sum = torch::empty(residual.sizes(), r2.options());  // an output, saved as such
+    torch::Tensor y = WithSpareColumns(r2.size(0), hidden, spare, r2.options());
+    torch::Tensor rstd = torch::empty({r2.size(0)}, r2.options().dtype(torch::kFloat32));
+    Check(kernels::AddRmsNormForward(r2.data_ptr(), d2.data_ptr(), sum.data_ptr(), w.data_ptr(), y.data_ptr(),
+                                     hidden + spare, rstd.data_ptr<float>(), r2.size(0), hidden,
+                                     static_cast<float>(eps), DTypeOf(residual), StreamOf(residual)));
+    ctx->save_for_backward({sum, w, rstd});
+    if (rstd_out != nullptr) *rstd_out = rstd;
+    return {sum, y.view(residual.sizes())};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const torch::Tensor& w = saved[1];
+    const torch::Tensor& rstd = saved[2];
+    const int64_t rows = rstd.size(0), hidden = w.size(0);
+    const torch::Tensor sum = saved[0].view({rows, hidden});
+    const c10::cuda::CUDAGuard guard(sum.device());
+    const torch::Tensor dsum = grads[0].defined() ? grads[0].contiguous().view({rows, hidden}) : torch::Tensor();
+    torch::Tensor dx, dweight;
+    if (!grads[1].defined()) {  // y unused: the sum's gradient alone
+      dx = dsum.defined() ? dsum : torch::zeros(sum.sizes(), sum.options());
+    } else {
+      const torch::Tensor dy = Rows(grads[1]);  // rows possibly wider (a widened group's gradient)
+      dx = torch::empty(sum.sizes(), sum.options());
+      torch::Tensor workspace;
+      if (ctx->needs_input_grad(2)) {
+        dweight = torch::empty({hidden}, sum.options().dtype(torch::kFloat32));
+        const int64_t floats =
+            static_cast<int64_t>(kernels::RmsNormBackwardWorkspaceBytes(rows, hidden) / sizeof(float));
+        workspace = torch::empty({floats}, sum.options().dtype(torch::kFloat32));
+      }
+      float* dw = dweight.defined() ? dweight.data_ptr<float>() : nullptr;
+      void* ws = workspace.defined() ? workspace.data_ptr() : nullptr;
+      const size_t ws_bytes = workspace.defined() ? workspace.numel() * sizeof(float) : 0;
+      Check(dsum.defined() ? kernels::AddRmsNormBackward(dy.data_ptr(), RowStride(dy), dsum.data_ptr(),
+                                                         sum.data_ptr(), w.data_ptr(), rstd.data_ptr<float>(),
+                                                         dx.data_ptr(), dw, ws, ws_bytes, rows, hidden,
+                                                         DTypeOf(sum), StreamOf(sum))
+                           : kernels::RmsNormBackward(dy.data_ptr(), RowStride(dy), sum.data_ptr(), w.data_ptr(),
+                                                      rstd.data_ptr<float>(), dx.data_ptr(), dw, ws, ws_bytes, rows,
+                                                      hidden, DTypeOf(sum), StreamOf(sum)));
+    }
+    const torch::Tensor shaped = dx.view(saved[0].sizes());
+    return {shaped, shaped, dweight.defined() ? dweight.to(w.scalar_type()) : torch::Tensor(), torch::Tensor(),
+            torch::Tensor(), torch::Tensor()};
+  }
+};
+
 class SwiGluFunction : public torch::autograd::Function<SwiGluFunction> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& gate, const torch::Tensor& up,
@@ -274,6 +333,23 @@ torch::Tensor FusedRmsNorm(const torch::Tensor& x, const torch::Tensor& weight, 
   }
 #endif
   return PlainRmsNorm(x, weight, eps, rstd);
+}
+
+std::pair<torch::Tensor, torch::Tensor> FusedAddRmsNorm(const torch::Tensor& residual, const torch::Tensor& delta,
+                                                        const torch::Tensor& weight, double eps, int64_t spare_columns,
+                                                        torch::Tensor* rstd) {
+  if (!delta.defined()) return {residual, FusedRmsNorm(residual, weight, eps, spare_columns, rstd)};
+#ifdef TRAINERD_WITH_CUDA_KERNELS
+  if (KernelTensor(residual) && delta.sizes() == residual.sizes() && delta.scalar_type() == residual.scalar_type() &&
+      delta.device() == residual.device() && weight.defined() && weight.dim() == 1 &&
+      weight.size(0) == residual.size(-1) && weight.scalar_type() == residual.scalar_type() &&
+      weight.device() == residual.device()) {
+    const variable_list out = AddRmsNormFunction::apply(residual, delta, weight, eps, spare_columns, rstd);
+    return {out[0], out[1]};
+  }
+#endif
+  torch::Tensor sum = residual + delta;
+  return {sum, FusedRmsNorm(sum, weight, eps, spare_columns, rstd)};
 }
 
 torch::Tensor FusedSwiGlu(const torch::Tensor& gate, const torch::Tensor& up, int64_t spare_columns) {

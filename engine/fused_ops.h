@@ -15,6 +15,8 @@
 // uses; the reference the kernels are tested against.
 #pragma once
 
+#include <utility>
+
 #include <torch/torch.h>
 
 namespace trainerd::engine {
@@ -36,6 +38,19 @@ torch::Tensor FusedRmsNorm(const torch::Tensor& x, const torch::Tensor& weight, 
                            int64_t spare_columns = 0, torch::Tensor* rstd = nullptr);
 torch::Tensor PlainRmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps,
                            torch::Tensor* rstd = nullptr);
+
+// RMSNorm of a residual sum, the add inside the norm's kernels: returns
+// {sum, y} with sum = residual + delta (in the dtype, as an add) and
+// y = FusedRmsNorm(sum, weight, eps, spare_columns, rstd). The kernel path
+// saves sum, weight and rstd; its backward adds the gradient that reaches sum
+// (from the next residual add, or the next norm) to the norm's input
+// gradient in the same kernel, and hands that one tensor to residual and
+// delta. residual, delta: the same shape (..., H) and dtype. delta undefined:
+// {residual, FusedRmsNorm(residual, ...)}. Elsewhere (see above): the plain
+// add, then FusedRmsNorm, bit-for-bit the unfused computation.
+std::pair<torch::Tensor, torch::Tensor> FusedAddRmsNorm(const torch::Tensor& residual, const torch::Tensor& delta,
+                                                        const torch::Tensor& weight, double eps,
+                                                        int64_t spare_columns = 0, torch::Tensor* rstd = nullptr);
 
 // silu(gate) * up. gate, up: the same shape (any) and dtype -> that shape.
 // The kernel path saves gate and up and recomputes silu in the backward. It

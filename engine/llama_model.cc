@@ -6,6 +6,7 @@
 #include <limits>
 #include <map>
 #include <mutex>
+#include <tuple>
 #include <vector>
 
 #include <torch/version.h>
@@ -295,20 +296,24 @@ bool LlamaModel::UsesVarlenAttention() const {
   return engine::UsesVarlenAttention(device(), dtype(), config_.head_dim);
 }
 
-torch::Tensor LlamaModel::LayerForward(size_t index, const torch::Tensor& h, const AttentionInputs& in) const {
+LlamaModel::Residual LlamaModel::LayerForward(size_t index, const Residual& h, const AttentionInputs& in) const {
   const DecoderLayer& layer = layers_[index];
   const double eps = config_.rms_norm_eps;
   // Each producer leaves its consumer group's spare columns, and tells it how
   // its input was made (engine/linear_group.h): the groups after the norms
-  // keep no normalised copy (the norms keep their input anyway).
+  // keep no normalised copy (the norms keep their input, the residual sum).
   InputRecipe normed;
-  normed.norm_input = h;
   normed.norm_weight = layer.input_norm;
-  torch::Tensor x = FusedRmsNorm(h, layer.input_norm, eps, layer.qkv.spare_columns(), &normed.norm_rstd);
-  torch::Tensor r = h + Attention(layer, x, normed, in);
-  normed.norm_input = r;
+  torch::Tensor sum, x;
+  std::tie(sum, x) =
+      FusedAddRmsNorm(h.base, h.delta, layer.input_norm, eps, layer.qkv.spare_columns(), &normed.norm_rstd);
+  normed.norm_input = sum;
+  const torch::Tensor attention = Attention(layer, x, normed, in);
   normed.norm_weight = layer.post_attention_norm;
-  x = FusedRmsNorm(r, layer.post_attention_norm, eps, layer.gate_up.spare_columns(), &normed.norm_rstd);
+  torch::Tensor r;
+  std::tie(r, x) = FusedAddRmsNorm(sum, attention, layer.post_attention_norm, eps, layer.gate_up.spare_columns(),
+                                   &normed.norm_rstd);
+  normed.norm_input = r;
   const std::vector<torch::Tensor> gate_up =
       ForwardGroup(layer.gate_up, {&layer.gate_proj, &layer.up_proj}, x, training_, normed);
   const torch::Tensor act = FusedSwiGlu(gate_up[0], gate_up[1], layer.down.spare_columns());
@@ -320,7 +325,7 @@ torch::Tensor LlamaModel::LayerForward(size_t index, const torch::Tensor& h, con
     activated.gate = gate_up[0];
     activated.up = gate_up[1];
   }
-  return r + ForwardGroup(layer.down, {&layer.down_proj}, act, training_, activated)[0];
+  return {r, ForwardGroup(layer.down, {&layer.down_proj}, act, training_, activated)[0]};
 }
 
 void LlamaModel::WidenLinearGroups() {
@@ -336,13 +341,13 @@ void LlamaModel::WidenLinearGroups() {
 torch::Tensor LlamaModel::Hidden(const torch::Tensor& input_ids, const torch::Tensor& position_ids,
                                  const PackedSegments& segments) const {
   const int64_t b = input_ids.size(0), t = input_ids.size(1);
-  torch::Tensor h = torch::embedding(embed_tokens_, input_ids);  // (B, T, H)
+  Residual h{torch::embedding(embed_tokens_, input_ids), {}};  // (B, T, H)
   const AttentionInputs in = PrepareAttention(b, t, position_ids, segments);
   const bool recompute = training_ && torch::GradMode::is_enabled();
   for (size_t i = 0; i < layers_.size(); ++i) {
     h = recompute && Recomputes(i) ? CheckpointedLayer(*this, i, h, in) : LayerForward(i, h, in);
   }
-  return FusedRmsNorm(h, norm_, config_.rms_norm_eps);
+  return FusedAddRmsNorm(h.base, h.delta, norm_, config_.rms_norm_eps).second;
 }
 
 torch::Tensor LlamaModel::Logits(const torch::Tensor& hidden) const {

@@ -148,8 +148,15 @@ class LlamaModel {
   };
   AttentionInputs PrepareAttention(int64_t b, int64_t t, const torch::Tensor& position_ids,
                                    const PackedSegments& segments) const;
-  // Decoder layer `index` on h (B, T, H) -> (B, T, H).
-  torch::Tensor LayerForward(size_t index, const torch::Tensor& h, const AttentionInputs& in) const;
+  // The residual stream between decoder layers, (B, T, H): base + delta,
+  // left unsummed so that the next norm makes the sum in its own kernel
+  // (FusedAddRmsNorm: no pass of its own for the add, either way). delta
+  // undefined: base alone (the embeddings).
+  struct Residual {
+    torch::Tensor base, delta;
+  };
+  // Decoder layer `index` on h -> the layer's output, h + attention + MLP.
+  Residual LayerForward(size_t index, const Residual& h, const AttentionInputs& in) const;
 
   // Moves every layer's frozen projection weights into its groups' widened
   // matrices (engine/linear_group.h), laid out for the LoRA attached now: call

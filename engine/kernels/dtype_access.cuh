@@ -92,6 +92,20 @@ __device__ __forceinline__ void LoadFloats(const T* p, float (&f)[kN]) {
   }
 }
 
+// A 16-byte vector of kVecElems<T> floats rounded to T (UnpackFloats' inverse).
+template <typename T>
+__device__ __forceinline__ uint4 PackFloats(const float (&f)[kVecElems<T>]) {
+  uint32_t w[4];
+  if constexpr (sizeof(T) == 4) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) w[q] = Bits(FromFloat<T>(f[q]));
+  } else {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) w[q] = Bits(FromFloat<T>(f[2 * q])) | (Bits(FromFloat<T>(f[2 * q + 1])) << 16);
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
 // Rounds kN floats to T and stores them at p (16-byte aligned when kN > 1).
 template <typename T, int kN>
 __device__ __forceinline__ void StoreFloats(T* p, const float (&f)[kN]) {
@@ -99,15 +113,7 @@ __device__ __forceinline__ void StoreFloats(T* p, const float (&f)[kN]) {
     *p = FromFloat<T>(f[0]);
   } else {
     static_assert(kN == kVecElems<T>, "a vector is 16 bytes");
-    uint32_t w[4];
-    if constexpr (sizeof(T) == 4) {
-#pragma unroll
-      for (int q = 0; q < 4; ++q) w[q] = Bits(FromFloat<T>(f[q]));
-    } else {
-#pragma unroll
-      for (int q = 0; q < 4; ++q) w[q] = Bits(FromFloat<T>(f[2 * q])) | (Bits(FromFloat<T>(f[2 * q + 1])) << 16);
-    }
-    StoreVec(p, make_uint4(w[0], w[1], w[2], w[3]));
+    StoreVec(p, PackFloats<T>(f));
   }
 }
 

@@ -63,6 +63,26 @@ enum class DType { kFloat32, kFloat16, kBFloat16 };
                                           size_t workspace_bytes, int64_t rows, int64_t hidden, DType dtype,
                                           void* stream);
 
+// RMSNorm of a residual sum, the add inside the kernel (no pass of its own):
+// sum = T(residual + delta) (one rounding, as an add in the dtype), written to
+// `sum`, then y and rstd of sum exactly as RmsNormForward(sum, ...) gives them.
+//   residual, delta, sum: (rows, hidden) dtype, dense; sum may not alias either
+//   weight, y, y_stride, rstd: as RmsNormForward
+[[nodiscard]] std::string AddRmsNormForward(const void* residual, const void* delta, void* sum, const void* weight,
+                                            void* y, int64_t y_stride, float* rstd, int64_t rows, int64_t hidden,
+                                            float eps, DType dtype, void* stream);
+
+// The backward of AddRmsNormForward: residual and delta share one gradient,
+//   dx = T(T(RMSNorm's dx) + dsum)
+// with dsum the gradient that reaches `sum` from its other consumers (dense,
+// (rows, hidden) dtype): what autograd gives for the norm's backward followed
+// by the add of the two gradients, rounding for rounding. The other arguments
+// as RmsNormBackward, with x the saved sum.
+[[nodiscard]] std::string AddRmsNormBackward(const void* dy, int64_t dy_stride, const void* dsum, const void* sum,
+                                             const void* weight, const float* rstd, void* dx, float* dweight,
+                                             void* workspace, size_t workspace_bytes, int64_t rows, int64_t hidden,
+                                             DType dtype, void* stream);
+
 // ---- SwiGLU ----------------------------------------------------------------
 // Over (rows, cols) matrices of one dtype whose rows are a stride (in
 // elements, >= cols) apart, so that gate and up can be the two column halves

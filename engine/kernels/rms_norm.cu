@@ -23,6 +23,7 @@ namespace {
 using namespace detail;  // NOLINT(build/namespaces)
 
 constexpr int kMaxVecThreads = 512;  // vector-path blocks: up to 128 registers a thread
+constexpr int kMinVecThreads = 128;  // below this a row's block has too few warps to hide its reduction
 constexpr int kScalarThreads = 512;
 // Blocks of the backward grid when dweight is computed: each block sums its
 // rows' dweight contributions into one partial row (fixed, device-independent,
@@ -46,20 +47,42 @@ __device__ __forceinline__ float BlockSum(float v, float* shared) {
 
 // ---- forward ----
 
+// delta, sum: both null (RMSNorm of x), or the residual sum's operands:
+// x's row is replaced by T(x + delta), which is written to sum (dense).
 template <typename T, int kVecs>
 __global__ void __launch_bounds__(kMaxVecThreads)
-    RmsNormForwardVec(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y, int64_t y_stride,
-                      float* __restrict__ rstd, int64_t rows, int hidden, float eps) {
+    RmsNormForwardVec(const T* __restrict__ x, const T* __restrict__ delta, T* __restrict__ sum,
+                      const T* __restrict__ w, T* __restrict__ y, int64_t y_stride, float* __restrict__ rstd,
+                      int64_t rows, int hidden, float eps) {
   constexpr int kN = kVecElems<T>;
   __shared__ float shared[32];
   const int nvec = hidden / kN;
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const uint4* xr = reinterpret_cast<const uint4*>(x + row * hidden);
-    uint4 xv[kVecs];
+    uint4 xv[kVecs], dv[kVecs];
 #pragma unroll
     for (int k = 0; k < kVecs; ++k) {
       const int v = threadIdx.x + k * blockDim.x;
-      if (v < nvec) xv[k] = LoadVec(xr + v);
+      if (v < nvec) {
+        xv[k] = LoadVec(xr + v);
+        if (delta) dv[k] = LoadVec(delta + row * hidden + v * kN);
+      }
+    }
+    if (delta) {
+      uint4* sr = reinterpret_cast<uint4*>(sum + row * hidden);
+#pragma unroll
+      for (int k = 0; k < kVecs; ++k) {
+        const int v = threadIdx.x + k * blockDim.x;
+        if (v < nvec) {
+          float f[kN], d[kN];
+          UnpackFloats<T>(xv[k], f);
+          UnpackFloats<T>(dv[k], d);
+#pragma unroll
+          for (int i = 0; i < kN; ++i) f[i] += d[i];
+          xv[k] = PackFloats<T>(f);
+          StoreVec(sr + v, xv[k]);
+        }
+      }
     }
     float ss = 0.f;
 #pragma unroll
@@ -89,16 +112,24 @@ __global__ void __launch_bounds__(kMaxVecThreads)
   }
 }
 
+// delta, sum: as for RmsNormForwardVec; the sum is written in the first
+// pass and read back (its own writes: visible to the thread) in the second.
 template <typename T>
 __global__ void __launch_bounds__(kScalarThreads)
-    RmsNormForwardScalar(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y, int64_t y_stride,
-                         float* __restrict__ rstd, int64_t rows, int hidden, float eps) {
+    RmsNormForwardScalar(const T* __restrict__ x, const T* __restrict__ delta, T* __restrict__ sum,
+                         const T* __restrict__ w, T* __restrict__ y, int64_t y_stride, float* __restrict__ rstd,
+                         int64_t rows, int hidden, float eps) {
   __shared__ float shared[32];
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-    const T* xr = x + row * hidden;
+    const T* xr = delta ? sum + row * hidden : x + row * hidden;
     float ss = 0.f;
     for (int j = threadIdx.x; j < hidden; j += blockDim.x) {
-      const float f = detail::ToFloat<T>(xr[j]);
+      float f = detail::ToFloat<T>(x[row * hidden + j]);
+      if (delta) {
+        const T s = detail::FromFloat<T>(f + detail::ToFloat<T>(delta[row * hidden + j]));
+        sum[row * hidden + j] = s;
+        f = detail::ToFloat<T>(s);
+      }
       ss += f * f;
     }
     const float r = rsqrtf(BlockSum(ss, shared) / static_cast<float>(hidden) + eps);
@@ -115,9 +146,9 @@ __global__ void __launch_bounds__(kScalarThreads)
 // partial: (gridDim.x, hidden) float32, written only when kWeightGrad.
 template <typename T, int kVecs, bool kWeightGrad>
 __global__ void __launch_bounds__(kMaxVecThreads)
-    RmsNormBackwardVec(const T* __restrict__ dy, int64_t dy_stride, const T* __restrict__ x, const T* __restrict__ w,
-                       const float* __restrict__ rstd, T* __restrict__ dx, float* __restrict__ partial, int64_t rows,
-                       int hidden) {
+    RmsNormBackwardVec(const T* __restrict__ dy, int64_t dy_stride, const T* __restrict__ dsum, const T* __restrict__ x,
+                       const T* __restrict__ w, const float* __restrict__ rstd, T* __restrict__ dx,
+                       float* __restrict__ partial, int64_t rows, int hidden) {
   constexpr int kN = kVecElems<T>;
   __shared__ float shared[32];
   const int nvec = hidden / kN;
@@ -135,13 +166,14 @@ __global__ void __launch_bounds__(kMaxVecThreads)
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const uint4* xr = reinterpret_cast<const uint4*>(x + row * hidden);
     const uint4* dr = reinterpret_cast<const uint4*>(dy + row * dy_stride);
-    uint4 xv[kVecs], dv[kVecs];
+    uint4 xv[kVecs], dv[kVecs], sv[kVecs];
 #pragma unroll
     for (int k = 0; k < kVecs; ++k) {
       const int v = threadIdx.x + k * blockDim.x;
       if (v < nvec) {
         xv[k] = LoadVec(xr + v);
         dv[k] = LoadVec(dr + v);
+        if (dsum) sv[k] = LoadVec(dsum + row * hidden + v * kN);
       }
     }
     const float r = rstd[row];
@@ -172,6 +204,12 @@ __global__ void __launch_bounds__(kMaxVecThreads)
           out[i] = r * df[i] * wf[i] - coef * xf[i];
           if constexpr (kWeightGrad) acc[k * kN + i] += df[i] * RoundTo<T>(xf[i] * r);
         }
+        if (dsum) {  // the norm's gradient rounded, then the sum's added: autograd's two steps
+          float sf[kN];
+          UnpackFloats<T>(sv[k], sf);
+#pragma unroll
+          for (int i = 0; i < kN; ++i) out[i] = RoundTo<T>(out[i]) + sf[i];
+        }
         StoreFloats<T, kN>(dxr + v * kN, out);
       }
     }
@@ -195,9 +233,9 @@ __global__ void __launch_bounds__(kMaxVecThreads)
 
 template <typename T, bool kWeightGrad>
 __global__ void __launch_bounds__(kScalarThreads)
-    RmsNormBackwardScalar(const T* __restrict__ dy, int64_t dy_stride, const T* __restrict__ x, const T* __restrict__ w,
-                          const float* __restrict__ rstd, T* __restrict__ dx, float* __restrict__ partial,
-                          int64_t rows, int hidden) {
+    RmsNormBackwardScalar(const T* __restrict__ dy, int64_t dy_stride, const T* __restrict__ dsum,
+                          const T* __restrict__ x, const T* __restrict__ w, const float* __restrict__ rstd,
+                          T* __restrict__ dx, float* __restrict__ partial, int64_t rows, int hidden) {
   using detail::FromFloat;
   using detail::ToFloat;
   __shared__ float shared[32];
@@ -220,7 +258,9 @@ __global__ void __launch_bounds__(kScalarThreads)
     T* dxr = dx + row * hidden;
     for (int j = threadIdx.x; j < hidden; j += blockDim.x) {
       const float xf = ToFloat<T>(xr[j]), df = ToFloat<T>(dr[j]);
-      dxr[j] = FromFloat<T>(r * df * ToFloat<T>(w[j]) - coef * xf);
+      float out = r * df * ToFloat<T>(w[j]) - coef * xf;
+      if (dsum) out = RoundTo<T>(out) + ToFloat<T>(dsum[row * hidden + j]);
+      dxr[j] = FromFloat<T>(out);
       if constexpr (kWeightGrad) pr[j] += df * RoundTo<T>(xf * r);
     }
   }
@@ -257,9 +297,16 @@ struct RowPlan {
 
 int64_t RoundUp32(int64_t n) { return (n + 31) / 32 * 32; }
 
+// The most vectors a thread (so the most loads in flight before the row's
+// reduction waits on them) that leaves at least kMinVecThreads threads a row;
+// failing that, the fewest that fit the block.
 RowPlan PlanRow(int64_t hidden, int vec_elems, bool aligned) {
   if (aligned && hidden % vec_elems == 0) {
     const int64_t nvec = hidden / vec_elems;
+    for (int k : {4, 2, 1}) {
+      const int64_t threads = RoundUp32((nvec + k - 1) / k);
+      if (threads >= kMinVecThreads && threads <= kMaxVecThreads) return {k, static_cast<int>(threads)};
+    }
     for (int k : {1, 2, 4}) {
       const int64_t threads = RoundUp32((nvec + k - 1) / k);
       if (threads <= kMaxVecThreads) return {k, static_cast<int>(threads)};
@@ -280,60 +327,123 @@ std::string CheckSizes(const char* what, int64_t rows, int64_t hidden) {
 }
 
 template <typename T, bool kWeightGrad>
-void LaunchBackward(const RowPlan& p, unsigned grid, cudaStream_t s, const T* dy, int64_t dy_stride, const T* x,
-                    const T* w, const float* rstd, T* dx, float* partial, int64_t rows, int hidden) {
+void LaunchBackward(const RowPlan& p, unsigned grid, cudaStream_t s, const T* dy, int64_t dy_stride, const T* dsum,
+                    const T* x, const T* w, const float* rstd, T* dx, float* partial, int64_t rows, int hidden) {
   switch (p.vecs_per_thread) {
     case 1:
-      RmsNormBackwardVec<T, 1, kWeightGrad><<<grid, p.threads, 0, s>>>(dy, dy_stride, x, w, rstd, dx, partial, rows,
-                                                                      hidden);
+      RmsNormBackwardVec<T, 1, kWeightGrad><<<grid, p.threads, 0, s>>>(dy, dy_stride, dsum, x, w, rstd, dx, partial,
+                                                                      rows, hidden);
       break;
     case 2:
-      RmsNormBackwardVec<T, 2, kWeightGrad><<<grid, p.threads, 0, s>>>(dy, dy_stride, x, w, rstd, dx, partial, rows,
-                                                                      hidden);
+      RmsNormBackwardVec<T, 2, kWeightGrad><<<grid, p.threads, 0, s>>>(dy, dy_stride, dsum, x, w, rstd, dx, partial,
+                                                                      rows, hidden);
       break;
     case 4:
-      RmsNormBackwardVec<T, 4, kWeightGrad><<<grid, p.threads, 0, s>>>(dy, dy_stride, x, w, rstd, dx, partial, rows,
-                                                                      hidden);
+      RmsNormBackwardVec<T, 4, kWeightGrad><<<grid, p.threads, 0, s>>>(dy, dy_stride, dsum, x, w, rstd, dx, partial,
+                                                                      rows, hidden);
       break;
     default:
-      RmsNormBackwardScalar<T, kWeightGrad><<<grid, p.threads, 0, s>>>(dy, dy_stride, x, w, rstd, dx, partial, rows,
-                                                                       hidden);
+      RmsNormBackwardScalar<T, kWeightGrad><<<grid, p.threads, 0, s>>>(dy, dy_stride, dsum, x, w, rstd, dx, partial,
+                                                                       rows, hidden);
   }
+}
+
+// RmsNormForward and AddRmsNormForward (delta and sum null for the former).
+std::string Forward(const char* what, const void* x, const void* delta, void* sum, const void* weight, void* y,
+                    int64_t y_stride, float* rstd, int64_t rows, int64_t hidden, float eps, DType dtype,
+                    void* stream) {
+  if (std::string e = CheckSizes(what, rows, hidden); !e.empty()) return e;
+  if (y_stride < hidden) return std::string(what) + ": y_stride " + std::to_string(y_stride) + " < hidden";
+  if (rows == 0) return {};
+  if (!x || !weight || !y || !rstd || (delta != nullptr) != (sum != nullptr)) {
+    return std::string(what) + ": a null pointer";
+  }
+  return DispatchDType(dtype, [&](auto tag) -> std::string {
+    using T = decltype(tag);
+    const T* xp = static_cast<const T*>(x);
+    const T* dp = static_cast<const T*>(delta);
+    T* sp = static_cast<T*>(sum);
+    const T* wp = static_cast<const T*>(weight);
+    T* yp = static_cast<T*>(y);
+    const int h = static_cast<int>(hidden);
+    const bool aligned = Aligned16(x) && Aligned16(weight) && Aligned16(y) && y_stride % kVecElems<T> == 0 &&
+                         (!delta || (Aligned16(delta) && Aligned16(sum)));
+    const RowPlan p = PlanRow(hidden, kVecElems<T>, aligned);
+    const unsigned grid = GridFor(rows);
+    const cudaStream_t s = AsStream(stream);
+    switch (p.vecs_per_thread) {
+      case 1:
+        RmsNormForwardVec<T, 1><<<grid, p.threads, 0, s>>>(xp, dp, sp, wp, yp, y_stride, rstd, rows, h, eps);
+        break;
+      case 2:
+        RmsNormForwardVec<T, 2><<<grid, p.threads, 0, s>>>(xp, dp, sp, wp, yp, y_stride, rstd, rows, h, eps);
+        break;
+      case 4:
+        RmsNormForwardVec<T, 4><<<grid, p.threads, 0, s>>>(xp, dp, sp, wp, yp, y_stride, rstd, rows, h, eps);
+        break;
+      default:
+        RmsNormForwardScalar<T><<<grid, p.threads, 0, s>>>(xp, dp, sp, wp, yp, y_stride, rstd, rows, h, eps);
+    }
+    return LaunchError(what);
+  });
+}
+
+// RmsNormBackward and AddRmsNormBackward (dsum null for the former).
+std::string Backward(const char* what, const void* dy, int64_t dy_stride, const void* dsum, const void* x,
+                     const void* weight, const float* rstd, void* dx, float* dweight, void* workspace,
+                     size_t workspace_bytes, int64_t rows, int64_t hidden, DType dtype, void* stream) {
+  if (std::string e = CheckSizes(what, rows, hidden); !e.empty()) return e;
+  if (dy_stride < hidden) return std::string(what) + ": dy_stride " + std::to_string(dy_stride) + " < hidden";
+  const cudaStream_t s = AsStream(stream);
+  if (rows == 0) {
+    if (dweight && cudaMemsetAsync(dweight, 0, hidden * sizeof(float), s) != cudaSuccess) {
+      return LaunchError((std::string(what) + " (zeroing dweight)").c_str());
+    }
+    return {};
+  }
+  if (!dy || !x || !weight || !rstd || !dx) return std::string(what) + ": a null pointer";
+  const size_t needed = RmsNormBackwardWorkspaceBytes(rows, hidden);
+  if (dweight && (!workspace || workspace_bytes < needed || !Aligned16(workspace))) {
+    return std::string(what) + ": dweight needs a 16-byte aligned workspace of " + std::to_string(needed) +
+           " bytes, got " + std::to_string(workspace_bytes);
+  }
+  return DispatchDType(dtype, [&](auto tag) -> std::string {
+    using T = decltype(tag);
+    const T* dyp = static_cast<const T*>(dy);
+    const T* dsp = static_cast<const T*>(dsum);
+    const T* xp = static_cast<const T*>(x);
+    const T* wp = static_cast<const T*>(weight);
+    T* dxp = static_cast<T*>(dx);
+    const int h = static_cast<int>(hidden);
+    const RowPlan p = PlanRow(hidden, kVecElems<T>,
+                              Aligned16(dy) && dy_stride % kVecElems<T> == 0 && Aligned16(x) && Aligned16(weight) &&
+                                  Aligned16(dx) && (!dsum || Aligned16(dsum)));
+    if (!dweight) {
+      LaunchBackward<T, false>(p, GridFor(rows), s, dyp, dy_stride, dsp, xp, wp, rstd, dxp, nullptr, rows, h);
+      return LaunchError(what);
+    }
+    const int blocks = static_cast<int>(WeightGradBlocks(rows));
+    float* partial = static_cast<float*>(workspace);
+    LaunchBackward<T, true>(p, blocks, s, dyp, dy_stride, dsp, xp, wp, rstd, dxp, partial, rows, h);
+    if (std::string e = LaunchError(what); !e.empty()) return e;
+    SumPartialRows<<<GridFor((hidden + 31) / 32), dim3(32, 8), 0, s>>>(partial, blocks, h, dweight);
+    return LaunchError((std::string(what) + " (dweight sum)").c_str());
+  });
 }
 
 }  // namespace
 
 std::string RmsNormForward(const void* x, const void* weight, void* y, int64_t y_stride, float* rstd, int64_t rows,
                            int64_t hidden, float eps, DType dtype, void* stream) {
-  if (std::string e = CheckSizes("RmsNormForward", rows, hidden); !e.empty()) return e;
-  if (y_stride < hidden) return "RmsNormForward: y_stride " + std::to_string(y_stride) + " < hidden";
-  if (rows == 0) return {};
-  if (!x || !weight || !y || !rstd) return "RmsNormForward: a null pointer";
-  return DispatchDType(dtype, [&](auto tag) -> std::string {
-    using T = decltype(tag);
-    const T* xp = static_cast<const T*>(x);
-    const T* wp = static_cast<const T*>(weight);
-    T* yp = static_cast<T*>(y);
-    const int h = static_cast<int>(hidden);
-    const bool aligned = Aligned16(x) && Aligned16(weight) && Aligned16(y) && y_stride % kVecElems<T> == 0;
-    const RowPlan p = PlanRow(hidden, kVecElems<T>, aligned);
-    const unsigned grid = GridFor(rows);
-    const cudaStream_t s = AsStream(stream);
-    switch (p.vecs_per_thread) {
-      case 1:
-        RmsNormForwardVec<T, 1><<<grid, p.threads, 0, s>>>(xp, wp, yp, y_stride, rstd, rows, h, eps);
-        break;
-      case 2:
-        RmsNormForwardVec<T, 2><<<grid, p.threads, 0, s>>>(xp, wp, yp, y_stride, rstd, rows, h, eps);
-        break;
-      case 4:
-        RmsNormForwardVec<T, 4><<<grid, p.threads, 0, s>>>(xp, wp, yp, y_stride, rstd, rows, h, eps);
-        break;
-      default:
-        RmsNormForwardScalar<T><<<grid, p.threads, 0, s>>>(xp, wp, yp, y_stride, rstd, rows, h, eps);
-    }
-    return LaunchError("RmsNormForward");
-  });
+  return Forward("RmsNormForward", x, nullptr, nullptr, weight, y, y_stride, rstd, rows, hidden, eps, dtype, stream);
+}
+
+std::string AddRmsNormForward(const void* residual, const void* delta, void* sum, const void* weight, void* y,
+                              int64_t y_stride, float* rstd, int64_t rows, int64_t hidden, float eps, DType dtype,
+                              void* stream) {
+  if (rows > 0 && (!delta || !sum)) return "AddRmsNormForward: a null pointer";
+  return Forward("AddRmsNormForward", residual, delta, sum, weight, y, y_stride, rstd, rows, hidden, eps, dtype,
+                 stream);
 }
 
 size_t RmsNormBackwardWorkspaceBytes(int64_t rows, int64_t hidden) {
@@ -344,42 +454,16 @@ size_t RmsNormBackwardWorkspaceBytes(int64_t rows, int64_t hidden) {
 std::string RmsNormBackward(const void* dy, int64_t dy_stride, const void* x, const void* weight, const float* rstd,
                             void* dx, float* dweight, void* workspace, size_t workspace_bytes, int64_t rows,
                             int64_t hidden, DType dtype, void* stream) {
-  if (std::string e = CheckSizes("RmsNormBackward", rows, hidden); !e.empty()) return e;
-  if (dy_stride < hidden) return "RmsNormBackward: dy_stride " + std::to_string(dy_stride) + " < hidden";
-  const cudaStream_t s = AsStream(stream);
-  if (rows == 0) {
-    if (dweight && cudaMemsetAsync(dweight, 0, hidden * sizeof(float), s) != cudaSuccess) {
-      return LaunchError("RmsNormBackward (zeroing dweight)");
-    }
-    return {};
-  }
-  if (!dy || !x || !weight || !rstd || !dx) return "RmsNormBackward: a null pointer";
-  const size_t needed = RmsNormBackwardWorkspaceBytes(rows, hidden);
-  if (dweight && (!workspace || workspace_bytes < needed || !Aligned16(workspace))) {
-    return "RmsNormBackward: dweight needs a 16-byte aligned workspace of " + std::to_string(needed) +
-           " bytes, got " + std::to_string(workspace_bytes);
-  }
-  return DispatchDType(dtype, [&](auto tag) -> std::string {
-    using T = decltype(tag);
-    const T* dyp = static_cast<const T*>(dy);
-    const T* xp = static_cast<const T*>(x);
-    const T* wp = static_cast<const T*>(weight);
-    T* dxp = static_cast<T*>(dx);
-    const int h = static_cast<int>(hidden);
-    const RowPlan p =
-        PlanRow(hidden, kVecElems<T>,
-                Aligned16(dy) && dy_stride % kVecElems<T> == 0 && Aligned16(x) && Aligned16(weight) && Aligned16(dx));
-    if (!dweight) {
-      LaunchBackward<T, false>(p, GridFor(rows), s, dyp, dy_stride, xp, wp, rstd, dxp, nullptr, rows, h);
-      return LaunchError("RmsNormBackward");
-    }
-    const int blocks = static_cast<int>(WeightGradBlocks(rows));
-    float* partial = static_cast<float*>(workspace);
-    LaunchBackward<T, true>(p, blocks, s, dyp, dy_stride, xp, wp, rstd, dxp, partial, rows, h);
-    if (std::string e = LaunchError("RmsNormBackward"); !e.empty()) return e;
-    SumPartialRows<<<GridFor((hidden + 31) / 32), dim3(32, 8), 0, s>>>(partial, blocks, h, dweight);
-    return LaunchError("RmsNormBackward (dweight sum)");
-  });
+  return Backward("RmsNormBackward", dy, dy_stride, nullptr, x, weight, rstd, dx, dweight, workspace, workspace_bytes,
+                  rows, hidden, dtype, stream);
+}
+
+std::string AddRmsNormBackward(const void* dy, int64_t dy_stride, const void* dsum, const void* sum,
+                               const void* weight, const float* rstd, void* dx, float* dweight, void* workspace,
+                               size_t workspace_bytes, int64_t rows, int64_t hidden, DType dtype, void* stream) {
+  if (rows > 0 && !dsum) return "AddRmsNormBackward: a null pointer";
+  return Backward("AddRmsNormBackward", dy, dy_stride, dsum, sum, weight, rstd, dx, dweight, workspace,
+                  workspace_bytes, rows, hidden, dtype, stream);
 }
 
 }  // namespace trainerd::kernels

@@ -1,5 +1,6 @@
-// engine/fused_ops.h: the fused RMSNorm, SwiGLU, RoPE and softmax
-// cross-entropy rows against the plain LibTorch formulas.
+// engine/fused_ops.h: the fused RMSNorm (with and without the residual add),
+// SwiGLU, RoPE and softmax cross-entropy rows against the plain LibTorch
+// formulas.
 //  - CPU (CI): Fused* is Plain* bit for bit, forward and gradients, and the
 //    Plain* formulas match independent float64 computations.
 //  - CUDA with the kernels built: for each dtype and shape, fresh random
@@ -20,6 +21,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -433,6 +435,63 @@ TEST_F(FusedOpsCudaTest, RmsNormMatchesFloat64Reference) {
   }
 }
 
+// The residual add inside the norm's kernels (FusedAddRmsNorm) gives the bits
+// of the add followed by the fused RMSNorm, forward and backward, whichever
+// outputs get a gradient: both (a decoder layer's norms), y alone, sum alone.
+TEST_F(FusedOpsCudaTest, AddRmsNormIsTheAddThenTheNormBitForBit) {
+  enum Used { kBoth, kNormOnly, kSumOnly };
+  for (auto dtype : dtypes_) {
+    for (int64_t hidden : {4096, 2048, 2050}) {  // 2050: rows off 16-byte alignment, the scalar path
+      for (int64_t rows : {int64_t{7}, int64_t{1030}}) {
+        for (Used used : {kBoth, kNormOnly, kSumOnly}) {
+          const bool weight_grad = rows != 7;
+          const int64_t spare = hidden == 4096 ? 24 : 0;
+          const std::string what = DTypeName(dtype) + " rows=" + std::to_string(rows) + " H=" +
+                                   std::to_string(hidden) + " used=" + std::to_string(used);
+          const torch::Tensor r0 = Random({1, rows, hidden}, dtype, cuda_, 2.0, 0.5);
+          const torch::Tensor d0 = Random({1, rows, hidden}, dtype, cuda_, 0.5);
+          const torch::Tensor w0 = Random({hidden}, dtype, cuda_, 0.2, 1.0);
+          const torch::Tensor gs = Random({1, rows, hidden}, dtype, cuda_);
+          const torch::Tensor gy = Random({1, rows, hidden}, dtype, cuda_);
+          std::vector<torch::Tensor> sums, ys, grads;
+          for (bool fused : {true, false}) {
+            torch::Tensor r = r0.clone().requires_grad_(), d = d0.clone().requires_grad_();
+            torch::Tensor w = w0.clone().requires_grad_(weight_grad);
+            torch::Tensor sum, y;
+            if (fused) {
+              std::tie(sum, y) = FusedAddRmsNorm(r, d, w, kEps, spare);
+            } else {
+              sum = r + d;
+              y = FusedRmsNorm(sum, w, kEps, spare);
+            }
+            std::vector<torch::Tensor> outs, gouts;
+            if (used != kSumOnly) {
+              outs.push_back(y);
+              gouts.push_back(gy);
+            }
+            if (used != kNormOnly) {
+              outs.push_back(sum);
+              gouts.push_back(gs);
+            }
+            torch::autograd::backward(outs, gouts);
+            sums.push_back(sum);
+            ys.push_back(y);
+            grads.insert(grads.end(), {r.grad(), d.grad(), weight_grad ? w.grad() : torch::Tensor()});
+          }
+          EXPECT_EQ(ys[0].stride(1), hidden + spare) << what;
+          EXPECT_TRUE(torch::equal(sums[0], sums[1])) << what << ": sum";
+          EXPECT_TRUE(torch::equal(ys[0], ys[1])) << what << ": y";
+          EXPECT_TRUE(torch::equal(grads[0], grads[3])) << what << ": residual's gradient";
+          EXPECT_TRUE(torch::equal(grads[1], grads[4])) << what << ": delta's gradient";
+          if (weight_grad && used != kSumOnly) {
+            EXPECT_TRUE(torch::equal(grads[2], grads[5])) << what << ": weight's gradient";
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST_F(FusedOpsCudaTest, SwiGluMatchesFloat64Reference) {
   const std::vector<std::vector<int64_t>> shapes = {
       {Quick() ? 256 : 2048, 14336}, {7, 1000}, {1, 2050}, {3, 1001}, {2, 5, 4096}};
@@ -669,6 +728,21 @@ TEST_F(FusedOpsCudaTest, LaunchersWriteEveryElement) {
           dws.push_back(dw);
         }
         EXPECT_TRUE(torch::equal(dws[0], dws[1])) << what << ": dweight differs between runs";
+
+        // With the residual add: x = T(residual + delta) with delta = dy, its
+        // gradient adding dsum = dy.
+        torch::Tensor sum = poisoned({rows, hidden}, o), y2 = poisoned({rows, hidden}, o);
+        ASSERT_EQ(k::AddRmsNormForward(x.data_ptr(), dy.data_ptr(), sum.data_ptr(), w.data_ptr(), y2.data_ptr(),
+                                       hidden, rstd.data_ptr<float>(), rows, hidden, kEps, kdtype(dtype), stream), "");
+        EXPECT_TRUE(AllFinite(sum) && AllFinite(y2) && AllFinite(rstd)) << what;
+        EXPECT_TRUE(torch::equal(sum, x + dy)) << what;
+        EXPECT_TRUE(torch::equal(y2, FusedRmsNorm(x + dy, w, kEps))) << what;
+        torch::Tensor dx = poisoned({rows, hidden}, o), dw = poisoned({hidden}, of);
+        torch::Tensor scratch = poisoned({static_cast<int64_t>(bytes / sizeof(float))}, of);
+        ASSERT_EQ(k::AddRmsNormBackward(dy.data_ptr(), hidden, dy.data_ptr(), sum.data_ptr(), w.data_ptr(),
+                                        rstd.data_ptr<float>(), dx.data_ptr(), dw.data_ptr<float>(), scratch.data_ptr(),
+                                        bytes, rows, hidden, kdtype(dtype), stream), "");
+        EXPECT_TRUE(AllFinite(dx) && AllFinite(dw)) << what;
       }
     }
     for (int64_t n : {int64_t{1001}, int64_t{4096 * 7}}) {
