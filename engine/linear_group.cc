@@ -187,6 +187,12 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
     tensor_list result{grad_x};
     if (rank > 0) {
       const torch::Tensor grad_a = LoraInputProduct(u, x, recipe);  // (rank, in)
+      // t^T g (rank, sum out): every member's dB^T as a diagonal block, from
+      // one thin product that reads g once (the off-diagonal blocks are
+      // arithmetic to spare on a pass bound by memory). Per member, g_i^T t_i
+      // streamed g at 1.5-1.8 TB/s for the 1024- and 4096-wide members on an
+      // H200 (8b profile), against about 3.7 for a product of this shape.
+      const torch::Tensor grad_bt = torch::mm(t.t(), g);
       int64_t row = 0, col = 0;
       size_t j = 0;
       for (size_t i = 0; i < outs.size(); ++i) {
@@ -195,8 +201,7 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
           const torch::Tensor& b = lora[j + 1];
           // dA_i = u_i^T x; dB_i = s_i g_i^T t_i; back to the float32 parameters.
           result.push_back(grad_a.narrow(0, col, ranks[i]).to(a.scalar_type()));
-          result.push_back(torch::mm(g.narrow(1, row, outs[i]).t(), t.narrow(1, col, ranks[i]))
-                               .mul_(scaling[i])
+          result.push_back(grad_bt.narrow(0, col, ranks[i]).narrow(1, row, outs[i]).t().mul(scaling[i])
                                .to(b.scalar_type()));
           col += ranks[i];
           j += 2;
