@@ -103,7 +103,8 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
       int64_t row = 0, col = in, j = 0;
       for (size_t i = 0; i < group.outs.size(); ++i) {
         if (group.ranks[i] > 0) {
-          group.widened.narrow(0, row, group.outs[i]).narrow(1, col, group.ranks[i]).copy_(lora[j + 1] * scaling[i]);
+          torch::Tensor block = group.widened.narrow(0, row, group.outs[i]).narrow(1, col, group.ranks[i]);
+          torch::mul_out(block, lora[j + 1], torch::scalar_tensor(scaling[i]));  // one pass, cast on the write
           col += group.ranks[i];
           j += 2;
         }
@@ -201,8 +202,10 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
           const torch::Tensor& b = lora[j + 1];
           // dA_i = u_i^T x; dB_i = s_i g_i^T t_i; back to the float32 parameters.
           result.push_back(grad_a.narrow(0, col, ranks[i]).to(a.scalar_type()));
-          result.push_back(grad_bt.narrow(0, col, ranks[i]).narrow(1, row, outs[i]).t().mul(scaling[i])
-                               .to(b.scalar_type()));
+          torch::Tensor grad_b = torch::empty({outs[i], ranks[i]}, b.options());
+          torch::mul_out(grad_b, grad_bt.narrow(0, col, ranks[i]).narrow(1, row, outs[i]).t(),
+                         torch::scalar_tensor(scaling[i]));  // scaled and cast in one pass
+          result.push_back(grad_b);
           col += ranks[i];
           j += 2;
         }

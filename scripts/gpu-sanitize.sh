@@ -13,6 +13,8 @@
 # allocation and memcheck sees an access past its end; the tests run their
 # smaller shapes (TRAINERD_FUSED_TEST_QUICK) since the tools slow kernels down
 # by 10-100x. Usage: scripts/gpu-sanitize.sh [build dir, default /tmp/b].
+# FILTER: a gtest filter over the CUDA tests (default every FusedOpsCudaTest),
+# e.g. FILTER='FusedOpsCudaTest.*RmsNorm*' after a change to one kernel.
 # Logs go to $OUT (or /tmp/gpu-sanitize); prints one summary line and exits
 # non-zero when a tool reported an error or the binary is missing.
 set -uo pipefail
@@ -29,7 +31,7 @@ summary="" failed=0
 for tool in memcheck racecheck synccheck; do
   only=()
   [ "$tool" = racecheck ] && only=(--kernel-name kns=trainerd)
-  "$cs" --tool "$tool" "${only[@]}" --error-exitcode 1 "$bin" --gtest_filter='FusedOpsCudaTest.*' > "$out/$tool.log" 2>&1
+  "$cs" --tool "$tool" "${only[@]}" --error-exitcode 1 "$bin" --gtest_filter="${FILTER:-FusedOpsCudaTest.*}" > "$out/$tool.log" 2>&1
   rc=$?
   # The tool's own verdict ("ERROR SUMMARY: n errors"; racecheck: "n hazards").
   verdict=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/$tool.log" | tail -1 | sed 's/^=* *//')

@@ -286,7 +286,7 @@ profile_row() {  # row, the row's run base; leaves the measurement's rc and wall
   rm -rf "$base.out"
   say "row $1: profiling steps $first-$((first + 1)) of trainerd"
   if run_timed "$base.log" "$worker" run "$base.yaml" --profile "$base.trace.json" --profile-steps "$first-$((first + 1))" &&
-     [ "$rc" = 0 ] && python3 "$here/trace_summary.py" "$base.trace.json" --steps 2 --ops 40 > "$summary" 2>&1; then
+     [ "$rc" = 0 ] && python3 "$here/trace_summary.py" "$base.trace.json" --steps 2 --ops 40 --gaps 15 > "$summary" 2>&1; then
     [ -n "$out" ] && cp "$summary" "$out/"
     head -3 "$summary"
   else

@@ -8,7 +8,8 @@ Prints the span of GPU activity, the time kernels ran (and so the time the GPU s
 time by kind of kernel (matmul, attention, trainerd's fused kernels, the rest), and the kernels
 that took the most time, in total and per step (--steps: how many steps the trace holds).
 --ops N also prints the N operators (name and input shapes, as the profiler recorded them) whose
-kernels took the most GPU time: which matmul shapes cost what."""
+kernels took the most GPU time: which matmul shapes cost what. --gaps N prints the N longest
+stretches in which the GPU sat idle, with the kernels on either side: where the idle time is."""
 import argparse
 import collections
 import json
@@ -43,6 +44,7 @@ def main():
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--steps", type=int, default=1, help="steps in the trace (per-step figures divide by it)")
     ap.add_argument("--ops", type=int, default=0, help="also the operators (with input shapes) taking the most GPU time")
+    ap.add_argument("--gaps", type=int, default=0, help="also the longest idle stretches and the kernels around them")
     args = ap.parse_args()
     with open(args.trace) as f:
         events = json.load(f).get("traceEvents", [])
@@ -85,6 +87,24 @@ def main():
         print(f"  {ms / n:8.2f} {count[name] / n:6.0f}  {100 * ms / total:5.1f}%  {short(name)}")
     if args.ops:
         print_ops(events, gpu, args.ops, n, total)
+    if args.gaps:
+        print_gaps(gpu, args.gaps)
+
+
+def print_gaps(gpu, top):
+    """The longest idle stretches: from the end of all GPU work so far to the next event's start."""
+    ordered = sorted(gpu, key=lambda e: e["ts"])
+    gaps, busy_until, last = [], ordered[0]["ts"], ordered[0]
+    for e in ordered:
+        if e["ts"] > busy_until:
+            gaps.append((e["ts"] - busy_until, last.get("name", "?"), e.get("name", "?")))
+        end = e["ts"] + e.get("dur", 0)
+        if end >= busy_until:
+            busy_until, last = end, e
+    gaps.sort(reverse=True)
+    print(f"\nlongest {top} idle stretches (µs; the kernel before -> the one after):")
+    for us, before, after in gaps[:top]:
+        print(f"  {us:9.1f}  {short(before, 70)} -> {short(after, 70)}")
 
 
 def print_ops(events, gpu, top, n, total):
