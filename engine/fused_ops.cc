@@ -2,6 +2,8 @@
 
 #include <optional>
 #include <string>
+#include <tuple>
+#include <utility>
 
 #ifdef TRAINERD_WITH_CUDA_KERNELS
 #include <c10/cuda/CUDAGuard.h>
@@ -118,6 +120,35 @@ torch::Tensor WithSpareColumns(int64_t rows, int64_t cols, int64_t spare, const 
   return spare > 0 ? buffer.narrow(1, 0, cols) : buffer;
 }
 
+// The RMSNorm backward of both norm nodes: dx (rows, H) of x2 (the norm's
+// input, (rows, H) dense) for dy (rows possibly wider: a widened group's
+// gradient), plus dsum (dense (rows, H)) inside the kernel when defined: the
+// gradient that reaches a residual sum from its other consumers; and dweight
+// in the weight's dtype when weight_grad (undefined otherwise).
+std::pair<torch::Tensor, torch::Tensor> RmsNormGradients(const torch::Tensor& dy_in, const torch::Tensor& dsum,
+                                                         const torch::Tensor& x2, const torch::Tensor& w,
+                                                         const torch::Tensor& rstd, bool weight_grad) {
+  const int64_t rows = x2.size(0), hidden = x2.size(1);
+  const torch::Tensor dy = Rows(dy_in);
+  torch::Tensor dx = torch::empty(x2.sizes(), x2.options());
+  torch::Tensor dweight, workspace;  // float32 (H) and the kernel's partial sums
+  if (weight_grad) {
+    dweight = torch::empty({hidden}, x2.options().dtype(torch::kFloat32));
+    const int64_t floats = static_cast<int64_t>(kernels::RmsNormBackwardWorkspaceBytes(rows, hidden) / sizeof(float));
+    workspace = torch::empty({floats}, x2.options().dtype(torch::kFloat32));
+  }
+  float* dw = dweight.defined() ? dweight.data_ptr<float>() : nullptr;
+  void* ws = workspace.defined() ? workspace.data_ptr() : nullptr;
+  const size_t ws_bytes = workspace.defined() ? workspace.numel() * sizeof(float) : 0;
+  Check(dsum.defined() ? kernels::AddRmsNormBackward(dy.data_ptr(), RowStride(dy), dsum.data_ptr(), x2.data_ptr(),
+                                                     w.data_ptr(), rstd.data_ptr<float>(), dx.data_ptr(), dw, ws,
+                                                     ws_bytes, rows, hidden, DTypeOf(x2), StreamOf(x2))
+                       : kernels::RmsNormBackward(dy.data_ptr(), RowStride(dy), x2.data_ptr(), w.data_ptr(),
+                                                  rstd.data_ptr<float>(), dx.data_ptr(), dw, ws, ws_bytes, rows,
+                                                  hidden, DTypeOf(x2), StreamOf(x2)));
+  return {dx, dweight.defined() ? dweight.to(w.scalar_type()) : torch::Tensor()};
+}
+
 class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
  public:
   // rstd_out: when not null, set to the per-row 1/rms it saves, (rows)
@@ -144,22 +175,8 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
     const torch::Tensor& w = saved[1];
     const torch::Tensor& rstd = saved[2];
     const c10::cuda::CUDAGuard guard(x2.device());
-    const int64_t rows = x2.size(0), hidden = x2.size(1);
-    const torch::Tensor dy = Rows(grads[0]);  // (rows, H), rows possibly wider (a widened group's gradient)
-    torch::Tensor dx = torch::empty(x2.sizes(), x2.options());
-    torch::Tensor dweight, workspace;  // float32 (H) and the kernel's partial sums
-    if (ctx->needs_input_grad(1)) {
-      dweight = torch::empty({hidden}, x2.options().dtype(torch::kFloat32));
-      const int64_t floats = static_cast<int64_t>(kernels::RmsNormBackwardWorkspaceBytes(rows, hidden) / sizeof(float));
-      workspace = torch::empty({floats}, x2.options().dtype(torch::kFloat32));
-    }
-    Check(kernels::RmsNormBackward(dy.data_ptr(), RowStride(dy), x2.data_ptr(), w.data_ptr(), rstd.data_ptr<float>(),
-                                   dx.data_ptr(), dweight.defined() ? dweight.data_ptr<float>() : nullptr,
-                                   workspace.defined() ? workspace.data_ptr() : nullptr,
-                                   workspace.defined() ? workspace.numel() * sizeof(float) : 0, rows, hidden,
-                                   DTypeOf(x2), StreamOf(x2)));
-    return {dx.view(grads[0].sizes()), dweight.defined() ? dweight.to(w.scalar_type()) : torch::Tensor(),
-            torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    const auto [dx, dweight] = RmsNormGradients(grads[0], {}, x2, w, rstd, ctx->needs_input_grad(1));
+    return {dx.view(grads[0].sizes()), dweight, torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -196,29 +213,10 @@ class AddRmsNormFunction : public torch::autograd::Function<AddRmsNormFunction> 
     if (!grads[1].defined()) {  // y unused: the sum's gradient alone
       dx = dsum.defined() ? dsum : torch::zeros(sum.sizes(), sum.options());
     } else {
-      const torch::Tensor dy = Rows(grads[1]);  // rows possibly wider (a widened group's gradient)
-      dx = torch::empty(sum.sizes(), sum.options());
-      torch::Tensor workspace;
-      if (ctx->needs_input_grad(2)) {
-        dweight = torch::empty({hidden}, sum.options().dtype(torch::kFloat32));
-        const int64_t floats =
-            static_cast<int64_t>(kernels::RmsNormBackwardWorkspaceBytes(rows, hidden) / sizeof(float));
-        workspace = torch::empty({floats}, sum.options().dtype(torch::kFloat32));
-      }
-      float* dw = dweight.defined() ? dweight.data_ptr<float>() : nullptr;
-      void* ws = workspace.defined() ? workspace.data_ptr() : nullptr;
-      const size_t ws_bytes = workspace.defined() ? workspace.numel() * sizeof(float) : 0;
-      Check(dsum.defined() ? kernels::AddRmsNormBackward(dy.data_ptr(), RowStride(dy), dsum.data_ptr(),
-                                                         sum.data_ptr(), w.data_ptr(), rstd.data_ptr<float>(),
-                                                         dx.data_ptr(), dw, ws, ws_bytes, rows, hidden,
-                                                         DTypeOf(sum), StreamOf(sum))
-                           : kernels::RmsNormBackward(dy.data_ptr(), RowStride(dy), sum.data_ptr(), w.data_ptr(),
-                                                      rstd.data_ptr<float>(), dx.data_ptr(), dw, ws, ws_bytes, rows,
-                                                      hidden, DTypeOf(sum), StreamOf(sum)));
+      std::tie(dx, dweight) = RmsNormGradients(grads[1], dsum, sum, w, rstd, ctx->needs_input_grad(2));
     }
     const torch::Tensor shaped = dx.view(saved[0].sizes());
-    return {shaped, shaped, dweight.defined() ? dweight.to(w.scalar_type()) : torch::Tensor(), torch::Tensor(),
-            torch::Tensor(), torch::Tensor()};
+    return {shaped, shaped, dweight, torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
