@@ -93,6 +93,10 @@ void FusedAdamW::Step(const torch::Device& device) {
                       std::get<0>(o.betas()), std::get<1>(o.betas()), o.weight_decay(), o.eps(),
                       /*amsgrad=*/false, /*maximize=*/false);
     for (size_t i = 0; i < params.size(); ++i) {
+      // The parameters changed in place: their version counters say so, as
+      // any in-place op's do (what the model's cached LoRA copies check,
+      // engine/linear_group.h), whether or not this LibTorch's fused op does.
+      torch::autograd::impl::bump_version(params[i]);
       states[i]->step(states[i]->step() + 1);
       steps_[params[i].unsafeGetTensorImpl()].host_step = states[i]->step();
     }

@@ -1,9 +1,12 @@
 #include "engine/fused_ops.h"
 
+#include <algorithm>
+#include <map>
 #include <optional>
 #include <string>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #ifdef TRAINERD_WITH_CUDA_KERNELS
 #include <c10/cuda/CUDAGuard.h>
@@ -61,6 +64,14 @@ torch::Tensor PlainSoftmaxCrossEntropyRows(torch::Tensor& logits, const torch::T
     logits.copy_(probs);
   }
   return loss;
+}
+
+void PlainScaledCasts(const std::vector<ScaledCast>& casts) {
+  const torch::NoGradGuard no_grad;
+  for (const ScaledCast& c : casts) {
+    torch::Tensor dst = c.dst;
+    torch::mul_out(dst, c.src, torch::scalar_tensor(c.scale));
+  }
 }
 
 bool FusedKernelsBuilt() {
@@ -273,16 +284,24 @@ bool RopeReadsInPlace(const torch::Tensor& x) {
   return x.stride(2) == 1 && (heads == 1 || x.stride(1) == d) && (tokens == 1 || x.stride(0) >= heads * d);
 }
 
-// x rotated by the positions' angles (inverse: the transposed rotation), as
-// a new contiguous (tokens, heads, d) tensor.
-torch::Tensor Rotate(const torch::Tensor& x_in, const torch::Tensor& position_ids, const torch::Tensor& inv_freq,
-                     bool inverse) {
+// x rotated by the positions' angles (inverse: the transposed rotation) into
+// out (tokens, heads, d): dense, or token rows of a wider buffer (stride(0)
+// >= heads * d, stride(1) == d, stride(2) == 1).
+void RotateInto(const torch::Tensor& x_in, const torch::Tensor& position_ids, const torch::Tensor& inv_freq,
+                bool inverse, const torch::Tensor& out) {
   const torch::Tensor x = RopeReadsInPlace(x_in) ? x_in : x_in.contiguous();
   const int64_t tokens = x.size(0), heads = x.size(1), d = x.size(2);
   const int64_t token_stride = tokens == 1 ? heads * d : x.stride(0);
-  torch::Tensor out = torch::empty({tokens, heads, d}, x.options());
+  const int64_t out_stride = tokens == 1 ? heads * d : out.stride(0);
   Check(kernels::RopeForward(x.data_ptr(), token_stride, position_ids.data_ptr<int64_t>(), inv_freq.data_ptr<float>(),
-                             out.data_ptr(), tokens, heads, d, inverse, DTypeOf(x), StreamOf(x)));
+                             out.data_ptr(), out_stride, tokens, heads, d, inverse, DTypeOf(x), StreamOf(x)));
+}
+
+// The same as a new contiguous (tokens, heads, d) tensor.
+torch::Tensor Rotate(const torch::Tensor& x, const torch::Tensor& position_ids, const torch::Tensor& inv_freq,
+                     bool inverse) {
+  torch::Tensor out = torch::empty({x.size(0), x.size(1), x.size(2)}, x.options());
+  RotateInto(x, position_ids, inv_freq, inverse, out);
   return out;
 }
 
@@ -301,6 +320,55 @@ class RopeFunction : public torch::autograd::Function<RopeFunction> {
     const variable_list saved = ctx->get_saved_variables();
     const c10::cuda::CUDAGuard guard(grads[0].device());
     return {Rotate(grads[0], saved[0], saved[1], /*inverse=*/true), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+// q and k rotated, v copied (FusedQkvRope). Inputs q, k, v, position_ids,
+// inv_freq; the backward writes the three input gradients into one buffer.
+class QkvRopeFunction : public torch::autograd::Function<QkvRopeFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const torch::Tensor& q, const torch::Tensor& k,
+                               const torch::Tensor& v, const torch::Tensor& position_ids,
+                               const torch::Tensor& inv_freq) {
+    const c10::cuda::CUDAGuard guard(q.device());
+    const torch::Tensor pos = position_ids.to(torch::kInt64).contiguous();  // (tokens)
+    const torch::Tensor inv = inv_freq.to(torch::kFloat32).contiguous();    // (d/2)
+    ctx->save_for_backward({pos, inv});
+    ctx->saved_data["heads"] = std::vector<int64_t>{q.size(1), k.size(1), v.size(1)};
+    // v's own copy even when it is dense: attention keeps it, and it must not
+    // keep alive the q|k|v product v is a view of.
+    return {Rotate(q, pos, inv, /*inverse=*/false), Rotate(k, pos, inv, /*inverse=*/false),
+            v.clone(at::MemoryFormat::Contiguous)};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const std::vector<int64_t> heads = ctx->saved_data["heads"].toIntVector();
+    const torch::Tensor* any = nullptr;
+    for (const torch::Tensor& g : grads) {
+      if (g.defined()) any = &g;
+    }
+    variable_list result(5);
+    if (any == nullptr) return result;
+    const c10::cuda::CUDAGuard guard(any->device());
+    const int64_t tokens = any->size(0), d = any->size(2);
+    const int64_t width = (heads[0] + heads[1] + heads[2]) * d;
+    // [dq | dk | dv] (tokens, width): each gradient a view of its columns.
+    const torch::Tensor buffer = torch::empty({tokens, width}, any->options());
+    int64_t column = 0;
+    for (size_t i = 0; i < 3; ++i) {
+      torch::Tensor out = buffer.narrow(1, column, heads[i] * d).view({tokens, heads[i], d});
+      column += heads[i] * d;
+      if (!grads[i].defined()) {
+        out.zero_();
+      } else if (i < 2) {
+        RotateInto(grads[i], saved[0], saved[1], /*inverse=*/true, out);
+      } else {
+        out.copy_(grads[i]);
+      }
+      result[i] = out;
+    }
+    return result;
   }
 };
 
@@ -369,6 +437,71 @@ torch::Tensor FusedRope(const torch::Tensor& x, const torch::Tensor& position_id
   }
 #endif
   return PlainRope(x, position_ids, inv_freq);
+}
+
+void FusedScaledCasts(const std::vector<ScaledCast>& casts) {
+#ifdef TRAINERD_WITH_CUDA_KERNELS
+  // The kernel's copies by (device, source dtype, destination dtype), in order.
+  std::map<std::tuple<int, int, int>, std::vector<kernels::ScaledCopy>> batches;
+  std::map<std::tuple<int, int, int>, torch::Tensor> any_dst;  // for the device and stream
+  std::vector<ScaledCast> plain;
+  for (const ScaledCast& c : casts) {
+    if (!(KernelTensor(c.src) && KernelTensor(c.dst) && c.src.dim() == 2 && c.src.sizes() == c.dst.sizes() &&
+          c.src.device() == c.dst.device())) {
+      plain.push_back(c);
+      continue;
+    }
+    const auto key = std::make_tuple(static_cast<int>(c.dst.device().index()), static_cast<int>(c.src.scalar_type()),
+                                     static_cast<int>(c.dst.scalar_type()));
+    kernels::ScaledCopy k;
+    k.src = c.src.data_ptr();
+    k.dst = c.dst.data_ptr();
+    k.rows = c.src.size(0);
+    k.cols = c.src.size(1);
+    k.src_row_stride = c.src.stride(0);
+    k.src_col_stride = c.src.stride(1);
+    k.dst_row_stride = c.dst.stride(0);
+    k.dst_col_stride = c.dst.stride(1);
+    k.scale = static_cast<float>(c.scale);
+    batches[key].push_back(k);
+    any_dst.emplace(key, c.dst);
+  }
+  for (const auto& [key, copies] : batches) {
+    const torch::Tensor& t = any_dst.at(key);
+    const c10::cuda::CUDAGuard guard(t.device());
+    const kernels::DType src_dtype = *KernelDType(static_cast<torch::ScalarType>(std::get<1>(key)));
+    for (size_t begin = 0; begin < copies.size(); begin += kernels::kMaxScaledCopies) {
+      const int count = static_cast<int>(std::min<size_t>(kernels::kMaxScaledCopies, copies.size() - begin));
+      Check(kernels::ScaledCopies(copies.data() + begin, count, src_dtype, DTypeOf(t), StreamOf(t)));
+    }
+  }
+  // Written through raw pointers: tell autograd, as an in-place op would.
+  for (const ScaledCast& c : casts) {
+    if (KernelTensor(c.dst)) torch::autograd::impl::bump_version(c.dst);
+  }
+  PlainScaledCasts(plain);
+#else
+  PlainScaledCasts(casts);
+#endif
+}
+
+std::array<torch::Tensor, 3> FusedQkvRope(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                          const torch::Tensor& position_ids, const torch::Tensor& inv_freq) {
+#ifdef TRAINERD_WITH_CUDA_KERNELS
+  auto heads_like_q = [&](const torch::Tensor& x) {
+    return x.defined() && x.dim() == 3 && x.size(0) == q.size(0) && x.size(2) == q.size(2) &&
+           x.scalar_type() == q.scalar_type() && x.device() == q.device();
+  };
+  if (KernelTensor(q) && q.dim() == 3 && q.size(2) % 2 == 0 && q.size(2) <= 8192 && heads_like_q(k) &&
+      heads_like_q(v) && position_ids.dim() == 1 && position_ids.size(0) == q.size(0) &&
+      position_ids.device() == q.device() && inv_freq.dim() == 1 && inv_freq.size(0) == q.size(2) / 2 &&
+      inv_freq.device() == q.device()) {
+    const variable_list out = QkvRopeFunction::apply(q, k, v, position_ids, inv_freq);
+    return {out[0], out[1], out[2]};
+  }
+#endif
+  return {PlainRope(q, position_ids, inv_freq), PlainRope(k, position_ids, inv_freq),
+          v.clone(at::MemoryFormat::Contiguous)};
 }
 
 torch::Tensor FusedSoftmaxCrossEntropyRows(torch::Tensor& logits, const torch::Tensor& targets, int64_t ignore_index,

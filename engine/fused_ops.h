@@ -15,7 +15,9 @@
 // uses; the reference the kernels are tested against.
 #pragma once
 
+#include <array>
 #include <utility>
+#include <vector>
 
 #include <torch/torch.h>
 
@@ -72,6 +74,33 @@ torch::Tensor PlainSwiGlu(const torch::Tensor& gate, const torch::Tensor& up);
 // saves position_ids and inv_freq; the backward is the inverse rotation.
 torch::Tensor FusedRope(const torch::Tensor& x, const torch::Tensor& position_ids, const torch::Tensor& inv_freq);
 torch::Tensor PlainRope(const torch::Tensor& x, const torch::Tensor& position_ids, const torch::Tensor& inv_freq);
+
+// Attention's inputs from the q, k and v projections: {FusedRope(q),
+// FusedRope(k), v's own contiguous copy}, the same values. q: (tokens, nh, d);
+// k, v: (tokens, nkv, d); any layout FusedRope takes. On the kernel path (as
+// FusedRope's, for all three) the backward writes dq, dk and dv side by side
+// into one (tokens, (nh + 2 nkv) d) buffer and hands each back as a view of
+// its columns: a q|k|v group whose outputs are the columns of one product
+// (engine/linear_group.h) takes its output gradient as that buffer, with no
+// concatenation. v is copied so that what attention keeps for its backward
+// is not a view keeping the whole q|k|v product alive.
+std::array<torch::Tensor, 3> FusedQkvRope(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                          const torch::Tensor& position_ids, const torch::Tensor& inv_freq);
+
+// dst = src * scale, cast to dst's dtype, for many small 2-D tensors at once:
+// torch::mul_out(dst, src, scale) for each, to the bit (the product in
+// float32, rounded to src's dtype, then cast to dst's). src and dst: the same sizes, any
+// strides (a transposed gradient; a block of a wider matrix, whose other
+// elements stay untouched); destinations distinct and not overlapping any
+// source. On the kernel path (CUDA tensors of kernel dtypes) the copies go in
+// one launch per 48 of one (device, source dtype, destination dtype), instead
+// of a generic strided kernel each; elsewhere PlainScaledCasts.
+struct ScaledCast {
+  torch::Tensor src, dst;
+  double scale = 1.0;
+};
+void FusedScaledCasts(const std::vector<ScaledCast>& casts);
+void PlainScaledCasts(const std::vector<ScaledCast>& casts);
 
 // Softmax cross-entropy per row, in place (not an autograd op: the caller, a chunked
 // linear + cross-entropy, builds its own gradient from it).

@@ -1,6 +1,8 @@
 #include "engine/linear_group.h"
 
 #include <cstdint>
+#include <utility>
+#include <vector>
 
 #include "engine/fused_ops.h"
 
@@ -44,6 +46,53 @@ torch::Tensor ConcatPadded(const torch::Tensor& left, const torch::Tensor& right
   return torch::cat(parts, 1);
 }
 
+using LoraSource = LinearGroup::LoraCopies::Source;
+
+// Appends to `casts` the copies that bring the group's LoRA copies up to date
+// with `lora` (A_1, B_1, A_2, B_2, ... of the LoRA members) and `scaling` (per
+// member), and returns what the copies hold once they are done.
+std::vector<LoraSource> StaleLoraCasts(const LinearGroup& group, at::TensorList lora,
+                                       const std::vector<double>& scaling, std::vector<ScaledCast>* casts) {
+  const LinearGroup::LoraCopies& copies = group.lora_copies;
+  std::vector<LoraSource> now;
+  size_t j = 0;
+  for (size_t i = 0; i < group.outs.size(); ++i) {
+    if (group.ranks[i] == 0) continue;
+    const torch::Tensor& a = lora[j];
+    const torch::Tensor& b = lora[j + 1];
+    const LoraSource source{a.data_ptr(), b.data_ptr(), a._version(), b._version(), scaling[i]};
+    const size_t member = now.size();
+    if (member >= copies.written.size() || !(copies.written[member] == source)) {
+      casts->push_back({a, copies.a_blocks[member], 1.0});
+      casts->push_back({b, copies.b_blocks[member], scaling[i]});
+    }
+    now.push_back(source);
+    j += 2;
+  }
+  return now;
+}
+
+// The group's LoRA copies up to date, in this forward if need be.
+void EnsureLoraCopies(const LinearGroup& group, at::TensorList lora, const std::vector<double>& scaling) {
+  std::vector<ScaledCast> casts;
+  std::vector<LoraSource> now = StaleLoraCasts(group, lora, scaling, &casts);
+  if (!casts.empty()) FusedScaledCasts(casts);
+  group.lora_copies.written = std::move(now);
+}
+
+// The LoRA parameters of `members` (A_1, B_1, A_2, B_2, ...) and each
+// member's scaling (0 without LoRA).
+void LoraOf(const std::vector<const Linear*>& members, std::vector<torch::Tensor>* lora,
+            std::vector<double>* scaling) {
+  for (const Linear* l : members) {
+    scaling->push_back(l->lora ? l->lora->scaling : 0.0);
+    if (l->lora) {
+      lora->push_back(l->lora->a);
+      lora->push_back(l->lora->b);
+    }
+  }
+}
+
 // y_i = x W_i^T (+ bias_i) + s_i (x A_i^T) B_i^T for every member i, as one
 // GEMM of the widened input and matrix (see the header). Inputs: x (N, in),
 // then the LoRA members' A and B, in member order; the group (widened
@@ -75,13 +124,14 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
       }
     }
     const bool keep_x = rank > 0 && !norm_input.defined() && !gate.defined();
-    // The A's stacked in the model dtype (rank, in); x A^T into the B columns
-    // of the widened input.
+    // The A's stacked in the model dtype (rank, in), and each s_i B_i in its
+    // block of the widened matrix: copies rewritten only when the parameters
+    // changed (LinearGroup::LoraCopies). x A^T goes into the B columns of the
+    // widened input.
     torch::Tensor a_cat, t;  // t = x A^T (N, rank)
     if (rank > 0) {
-      std::vector<torch::Tensor> a_parts;
-      for (size_t j = 0; j < lora.size(); j += 2) a_parts.push_back(lora[j].to(x.scalar_type()));
-      a_cat = a_parts.size() == 1 ? a_parts[0] : torch::cat(a_parts, 0);
+      EnsureLoraCopies(group, lora, scaling);
+      a_cat = group.lora_copies.a_stacked;
     }
     // No LoRA member (cols 0): the stacked product of x as it is.
     torch::Tensor x_ext = cols == 0 ? x : WidenedView(x, in, cols);
@@ -95,21 +145,6 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
     } else {  // no room left by the producer (cols > 0, so rank > 0)
       t = torch::mm(x, a_cat.t());
       x_ext = ConcatPadded(x, t, in + cols);
-    }
-    // Each s_i B_i into its block of the widened matrix; the A's into the rows
-    // below the weights where the group keeps them.
-    if (rank > 0) {
-      if (group.a_rows > 0) group.widened.narrow(0, Sum(group.outs), rank).narrow(1, 0, in).copy_(a_cat);
-      int64_t row = 0, col = in, j = 0;
-      for (size_t i = 0; i < group.outs.size(); ++i) {
-        if (group.ranks[i] > 0) {
-          torch::Tensor block = group.widened.narrow(0, row, group.outs[i]).narrow(1, col, group.ranks[i]);
-          torch::mul_out(block, lora[j + 1], torch::scalar_tensor(scaling[i]));  // one pass, cast on the write
-          col += group.ranks[i];
-          j += 2;
-        }
-        row += group.outs[i];
-      }
     }
     const torch::Tensor top = group.widened.narrow(0, 0, Sum(group.outs));  // [W | sB | 0]
     const torch::Tensor y = group.bias.defined() ? torch::addmm(group.bias, x_ext, top.t())
@@ -194,23 +229,31 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
       // streamed g at 1.5-1.8 TB/s for the 1024- and 4096-wide members on an
       // H200 (8b profile), against about 3.7 for a product of this shape.
       const torch::Tensor grad_bt = torch::mm(t.t(), g);
+      // dA_i = u_i^T x; dB_i = s_i g_i^T t_i; back to the float32 parameters,
+      // scaled and cast by one batch of copies for the whole group.
+      std::vector<ScaledCast> casts;
       int64_t row = 0, col = 0;
       size_t j = 0;
       for (size_t i = 0; i < outs.size(); ++i) {
         if (ranks[i] > 0) {
           const torch::Tensor& a = lora[j];
           const torch::Tensor& b = lora[j + 1];
-          // dA_i = u_i^T x; dB_i = s_i g_i^T t_i; back to the float32 parameters.
-          result.push_back(grad_a.narrow(0, col, ranks[i]).to(a.scalar_type()));
+          torch::Tensor grad_ai = grad_a.narrow(0, col, ranks[i]);
+          if (grad_ai.scalar_type() != a.scalar_type()) {
+            torch::Tensor cast = torch::empty({ranks[i], in}, a.options());
+            casts.push_back({grad_ai, cast, 1.0});
+            grad_ai = cast;
+          }
+          result.push_back(grad_ai);
           torch::Tensor grad_b = torch::empty({outs[i], ranks[i]}, b.options());
-          torch::mul_out(grad_b, grad_bt.narrow(0, col, ranks[i]).narrow(1, row, outs[i]).t(),
-                         torch::scalar_tensor(scaling[i]));  // scaled and cast in one pass
+          casts.push_back({grad_bt.narrow(0, col, ranks[i]).narrow(1, row, outs[i]).t(), grad_b, scaling[i]});
           result.push_back(grad_b);
           col += ranks[i];
           j += 2;
         }
         row += outs[i];
       }
+      FusedScaledCasts(casts);
       if (need_x && !lora_term_in_gemm) grad_x.addmm_(u, a_cat);
     }
     result.push_back(torch::Tensor());  // group
@@ -264,20 +307,45 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
   }
 };
 
-// Whether the widened node applies: the group is widened for exactly these
-// members' ranks, and no LoRA dropout runs (training with dropout > 0).
-bool WidenedNodeApplies(const LinearGroup& group, const std::vector<const Linear*>& members, bool training) {
+// Whether the group is widened for exactly these members' ranks, with
+// frozen weights: the node's layout fits them.
+bool WidenedLayoutFits(const LinearGroup& group, const std::vector<const Linear*>& members) {
   if (!group.widened.defined() || members.size() != group.outs.size()) return false;
   for (size_t i = 0; i < members.size(); ++i) {
     const Linear* l = members[i];
     if (l->weight.requires_grad() || (l->bias.defined() && l->bias.requires_grad())) return false;
     if (group.ranks[i] != (l->lora ? l->lora->a.size(0) : 0)) return false;
+  }
+  return true;
+}
+
+// Whether the widened node applies: its layout fits, and no LoRA dropout runs
+// (training with dropout > 0).
+bool WidenedNodeApplies(const LinearGroup& group, const std::vector<const Linear*>& members, bool training) {
+  if (!WidenedLayoutFits(group, members)) return false;
+  for (const Linear* l : members) {
     if (l->lora && training && l->lora->dropout > 0) return false;
   }
   return true;
 }
 
 }  // namespace
+
+void RefreshLoraCopies(const std::vector<GroupMembers>& groups) {
+  const torch::NoGradGuard no_grad;
+  std::vector<ScaledCast> casts;
+  std::vector<std::pair<const LinearGroup*, std::vector<LoraSource>>> updates;
+  for (const GroupMembers& gm : groups) {
+    if (gm.group == nullptr || !WidenedLayoutFits(*gm.group, gm.members)) continue;
+    std::vector<torch::Tensor> lora;
+    std::vector<double> scaling;
+    LoraOf(gm.members, &lora, &scaling);
+    if (lora.empty()) continue;
+    updates.emplace_back(gm.group, StaleLoraCasts(*gm.group, lora, scaling, &casts));
+  }
+  if (!casts.empty()) FusedScaledCasts(casts);
+  for (auto& [group, now] : updates) group->lora_copies.written = std::move(now);
+}
 
 void Widen(LinearGroup& group, const std::vector<Linear*>& members) {
   torch::NoGradGuard no_grad;
@@ -294,6 +362,22 @@ void Widen(LinearGroup& group, const std::vector<Linear*>& members) {
   group.a_rows = group.in > Sum(group.outs) ? group.cols : 0;
   const torch::Tensor& w0 = members.front()->weight;
   group.widened = torch::zeros({Sum(group.outs) + group.a_rows, group.in + group.cols}, w0.options());
+  // Where the LoRA copies go (LinearGroup::LoraCopies), fixed by this layout.
+  if (rank > 0) {
+    LinearGroup::LoraCopies& copies = group.lora_copies;
+    copies.a_stacked = group.a_rows > 0 ? group.widened.narrow(0, Sum(group.outs), rank).narrow(1, 0, group.in)
+                                        : torch::empty({rank, group.in}, w0.options());
+    int64_t row = 0, col = 0;
+    for (size_t i = 0; i < group.outs.size(); ++i) {
+      if (group.ranks[i] > 0) {
+        copies.a_blocks.push_back(copies.a_stacked.narrow(0, col, group.ranks[i]));
+        copies.b_blocks.push_back(
+            group.widened.narrow(0, row, group.outs[i]).narrow(1, group.in + col, group.ranks[i]));
+        col += group.ranks[i];
+      }
+      row += group.outs[i];
+    }
+  }
   if (any_bias) group.bias = torch::zeros({Sum(group.outs)}, w0.options());
   int64_t row = 0;
   for (Linear* l : members) {
@@ -322,13 +406,7 @@ std::vector<torch::Tensor> ForwardGroup(const LinearGroup& group, const std::vec
   const torch::Tensor x2 = x.reshape({-1, x.size(-1)});
   std::vector<torch::Tensor> lora;
   std::vector<double> scaling;
-  for (const Linear* l : members) {
-    scaling.push_back(l->lora ? l->lora->scaling : 0.0);
-    if (l->lora) {
-      lora.push_back(l->lora->a);
-      lora.push_back(l->lora->b);
-    }
-  }
+  LoraOf(members, &lora, &scaling);
   tensor_list ys = WidenedGroupFunction::apply(x2, at::TensorList(lora), group, scaling, recipe);
   for (size_t i = 0; i < members.size(); ++i) {
     std::vector<int64_t> shape = x.sizes().vec();

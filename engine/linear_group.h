@@ -16,11 +16,11 @@
 // instead of a pass over each (N, out_i) output, and in the backward
 // g widened = [g W | s g B] gives the input gradient and the LoRA term's
 // u = s g B from one GEMM too. B is the float32 parameter (PEFT's master
-// copy); its scaled model-dtype copy is written into `widened` on every
-// forward, so the matrix is a cache, never the source of truth.
+// copy); its scaled model-dtype copy in `widened` is a cache, never the
+// source of truth, written again whenever B changed (LoraCopies below).
 //
 // A group whose input is wider than its output (down: 14336 in, 4096 out)
-// also keeps the A's (model-dtype copies, rewritten on every forward) in
+// also keeps the A's (model-dtype copies, cached the same way) in
 // rows below the weights, [W | sB ; A | 0], so that its input gradient
 // [g | u] [W ; A] = g W + u A is one GEMM too (u first, from g and sB),
 // instead of an (N, in) pass adding u A afterwards.
@@ -57,6 +57,38 @@ struct LinearGroup {
   // The columns a producer of this group's input may leave after each row
   // (FusedRmsNorm, FusedSwiGlu) so that the node widens the input in place.
   int64_t spare_columns() const { return widened.defined() ? cols : 0; }
+
+  // The model-dtype copies of the LoRA parameters that the node's GEMMs read:
+  // each member's s_i B_i in its block of `widened`, and the A's stacked in
+  // `a_stacked` (rank, in), or in the A rows where the group keeps them. They
+  // are written again only when a parameter changed since (its storage or
+  // version counter: every in-place update, the optimizer's included, bumps
+  // it) or its scaling did; RefreshLoraCopies writes those of many groups in
+  // one launch, and a forward writes whatever is still out of date.
+  struct LoraCopies {
+    struct Source {
+      const void* a = nullptr;
+      const void* b = nullptr;
+      int64_t a_version = -1, b_version = -1;
+      double scaling = 0;
+      bool operator==(const Source& o) const {
+        return a == o.a && b == o.b && a_version == o.a_version && b_version == o.b_version && scaling == o.scaling;
+      }
+    };
+    std::vector<Source> written;  // per LoRA member, what its copies hold; empty: nothing yet
+    // (rank, in) in the model dtype: a tensor of its own, or a view of the A
+    // rows. Set by Widen, with the per-member views the copies are written to:
+    // a_blocks[i] (rank_i, in) of it, b_blocks[i] (out_i, rank_i) of `widened`.
+    torch::Tensor a_stacked;
+    std::vector<torch::Tensor> a_blocks, b_blocks;
+  };
+  mutable LoraCopies lora_copies;
+};
+
+// A group and its member modules, in the group's order.
+struct GroupMembers {
+  const LinearGroup* group = nullptr;
+  std::vector<const Linear*> members;
 };
 
 // How a group's input x (N, in) was made from tensors its producer keeps for
@@ -80,6 +112,14 @@ struct InputRecipe {
 // attached now, lays out the B columns. Frees the members' separate weights.
 // Resets the group (dense_input_gradient too).
 void Widen(LinearGroup& group, const std::vector<Linear*>& members);
+
+// Brings the LoRA copies (LinearGroup::LoraCopies) of every widened group
+// listed up to date with its members' parameters: all out-of-date copies of
+// all of them in one batch of casts (FusedScaledCasts: one launch per 48 on
+// CUDA), rather than a few small launches per group in each forward. Call it
+// before a forward, after the optimizer has stepped; skipping it costs speed
+// only, since each forward checks its own group.
+void RefreshLoraCopies(const std::vector<GroupMembers>& groups);
 
 // Each member applied to x (..., in): their outputs (..., out_i) in order, as
 // Linear::Forward gives them. On the widened node the outputs are column views

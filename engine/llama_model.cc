@@ -1,6 +1,7 @@
 #include "engine/llama_model.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -257,10 +258,9 @@ torch::Tensor LlamaModel::Attention(const DecoderLayer& layer, const torch::Tens
   const int64_t nh = config_.num_attention_heads, nkv = config_.num_key_value_heads;
   std::vector<torch::Tensor> qkv =
       ForwardGroup(layer.qkv, {&layer.q_proj, &layer.k_proj, &layer.v_proj}, x, training_, x_recipe);
-  // v of its own (16 MB at 8B's 4x2048): attention keeps v for its backward,
-  // and a view of the widened group's product would keep all of q|k|v alive;
-  // q and k are rotated into new tensors anyway.
-  qkv[2] = qkv[2].contiguous();
+  // v gets its own copy below (16 MB at 8B's 4x2048): attention keeps v for
+  // its backward, and a view of the widened group's product would keep all of
+  // q|k|v alive; q and k are rotated into new tensors anyway.
   auto o_proj = [&](const torch::Tensor& o) { return ForwardGroup(layer.o, {&layer.o_proj}, o, training_)[0]; };
   if (in.segments.defined()) {
     torch::Tensor q = qkv[0].view({b * t, nh, d});
@@ -269,9 +269,14 @@ torch::Tensor LlamaModel::Attention(const DecoderLayer& layer, const torch::Tens
     if (in.cos.defined()) {
       q = q * in.cos + RotateHalf(q) * in.sin;
       k = k * in.cos + RotateHalf(k) * in.sin;
+      v = v.contiguous();
     } else {
-      q = FusedRope(q, in.positions, inv_freq_);
-      k = FusedRope(k, in.positions, inv_freq_);
+      // The rotations and v's copy as one node, whose backward hands the q|k|v
+      // group its output gradient as one buffer (no concatenation).
+      const std::array<torch::Tensor, 3> rotated = FusedQkvRope(q, k, v, in.positions, inv_freq_);
+      q = rotated[0];
+      k = rotated[1];
+      v = rotated[2];
     }
     if (in.cudnn != CudnnAttentionMode::kUnavailable) {
       // Rows of (B, T, heads, d) seen as (B, heads, T, d): no copies.
@@ -284,7 +289,7 @@ torch::Tensor LlamaModel::Attention(const DecoderLayer& layer, const torch::Tens
   }
   torch::Tensor q = qkv[0].view({b, t, nh, d}).transpose(1, 2);
   torch::Tensor k = qkv[1].view({b, t, nkv, d}).transpose(1, 2);
-  torch::Tensor v = qkv[2].view({b, t, nkv, d}).transpose(1, 2);
+  torch::Tensor v = qkv[2].contiguous().view({b, t, nkv, d}).transpose(1, 2);
   q = q * in.cos + RotateHalf(q) * in.sin;
   k = k * in.cos + RotateHalf(k) * in.sin;
   torch::Tensor o = CausalAttention(q, k, v, in.mask);  // (B, nh, T, d)
@@ -341,6 +346,7 @@ void LlamaModel::WidenLinearGroups() {
 torch::Tensor LlamaModel::Hidden(const torch::Tensor& input_ids, const torch::Tensor& position_ids,
                                  const PackedSegments& segments) const {
   const int64_t b = input_ids.size(0), t = input_ids.size(1);
+  RefreshLoraCopies();
   Residual h{torch::embedding(embed_tokens_, input_ids), {}};  // (B, T, H)
   const AttentionInputs in = PrepareAttention(b, t, position_ids, segments);
   const bool recompute = training_ && torch::GradMode::is_enabled();
@@ -348,6 +354,17 @@ torch::Tensor LlamaModel::Hidden(const torch::Tensor& input_ids, const torch::Te
     h = recompute && Recomputes(i) ? CheckpointedLayer(*this, i, h, in) : LayerForward(i, h, in);
   }
   return FusedAddRmsNorm(h.base, h.delta, norm_, config_.rms_norm_eps).second;
+}
+
+void LlamaModel::RefreshLoraCopies() const {
+  std::vector<GroupMembers> groups;
+  for (const DecoderLayer& l : layers_) {
+    groups.push_back({&l.qkv, {&l.q_proj, &l.k_proj, &l.v_proj}});
+    groups.push_back({&l.o, {&l.o_proj}});
+    groups.push_back({&l.gate_up, {&l.gate_proj, &l.up_proj}});
+    groups.push_back({&l.down, {&l.down_proj}});
+  }
+  engine::RefreshLoraCopies(groups);
 }
 
 torch::Tensor LlamaModel::Logits(const torch::Tensor& hidden) const {

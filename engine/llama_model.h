@@ -175,6 +175,9 @@ class LlamaModel {
 
  private:
   explicit LlamaModel(ModelConfig config) : config_(std::move(config)) {}
+  // Every widened group's LoRA copies up to date in one batch (after an
+  // optimizer step: engine/linear_group.h, RefreshLoraCopies).
+  void RefreshLoraCopies() const;
   // x: the normalised layer input; x_recipe: how it was made (ForwardGroup).
   torch::Tensor Attention(const DecoderLayer& layer, const torch::Tensor& x, const InputRecipe& x_recipe,
                           const AttentionInputs& in) const;

@@ -1,6 +1,7 @@
 // Fused CUDA kernels for the Llama decoder's memory-bound steps: RMSNorm,
-// SwiGLU and rotary embeddings (RoPE), forward and backward, and the
-// softmax cross-entropy of rows of logits with its gradient, in place.
+// SwiGLU and rotary embeddings (RoPE), forward and backward, the softmax
+// cross-entropy of rows of logits with its gradient, in place, and many small
+// scaled copies in one launch (LoRA's parameter and gradient casts).
 //
 // Torch-free on purpose: the launchers take raw device pointers, sizes, a
 // dtype and a cudaStream_t passed as `void*`, so this header can be included
@@ -108,11 +109,13 @@ enum class DType { kFloat32, kFloat16, kBFloat16 };
 //        x + t * token_stride + h * head_dim + i (token_stride in elements,
 //        >= heads * head_dim: a narrow of a fused q|k|v projection works)
 //   position: (tokens) int64; inv_freq: (head_dim / 2) float32
-//   out: (tokens, heads, head_dim) dtype, dense (may not alias x)
+//   out: (tokens, heads, head_dim) dtype at out + t * out_token_stride + h * head_dim + i
+//        (out_token_stride >= heads * head_dim: heads * head_dim for a dense
+//        result, wider to write into columns of a q|k|v gradient); may not alias x
 // head_dim must be even and at most 8192.
 [[nodiscard]] std::string RopeForward(const void* x, int64_t token_stride, const int64_t* position,
-                                      const float* inv_freq, void* out, int64_t tokens, int64_t heads,
-                                      int64_t head_dim, bool inverse, DType dtype, void* stream);
+                                      const float* inv_freq, void* out, int64_t out_token_stride, int64_t tokens,
+                                      int64_t heads, int64_t head_dim, bool inverse, DType dtype, void* stream);
 
 // ---- Softmax cross-entropy, in place ---------------------------------------
 // Softmax cross-entropy of each row of logits (rows, vocab), dtype T, dense:
@@ -130,5 +133,30 @@ enum class DType { kFloat32, kFloat16, kBFloat16 };
 [[nodiscard]] std::string SoftmaxCrossEntropyRows(void* logits, const int64_t* targets, float* loss, int64_t rows,
                                                   int64_t vocab, int64_t ignore_index, bool write_grad,
                                                   DType dtype, void* stream);
+
+// ---- Scaled, casting copies of small 2-D tensors, many per launch ----------
+// For each copy: dst[r, c] = D(S(float(src[r, c]) * scale)) over rows x cols,
+// element (r, c) at base + r * row_stride + c * col_stride (in elements, any
+// strides: transposes and blocks of wider matrices). The product is float32,
+// rounded to the source's dtype S, then cast to the destination's D (exact
+// unless D is narrower): LibTorch's mul_out(dst, src, scalar) for these
+// dtypes, bit for bit. Copies may not overlap one another's
+// destinations, nor a destination its source. Every copy of one call has the
+// same source and destination dtypes; at most kMaxScaledCopies a call (they
+// travel in the kernel's parameters); empty copies are skipped.
+// What it is for: LoRA's float32 parameters into their model-dtype copies, and
+// model-dtype gradients into float32 ones, dozens a layer, in one launch
+// instead of one each.
+struct ScaledCopy {
+  const void* src = nullptr;
+  void* dst = nullptr;
+  int64_t rows = 0, cols = 0;
+  int64_t src_row_stride = 0, src_col_stride = 0;
+  int64_t dst_row_stride = 0, dst_col_stride = 0;
+  float scale = 1.f;
+};
+constexpr int kMaxScaledCopies = 48;
+[[nodiscard]] std::string ScaledCopies(const ScaledCopy* copies, int count, DType src_dtype, DType dst_dtype,
+                                       void* stream);
 
 }  // namespace trainerd::kernels

@@ -30,8 +30,8 @@ constexpr int64_t kMaxHeadDim = 8192;  // 2 * d/2 floats of shared memory: 32 Ki
 template <typename T, int kN>
 __global__ void __launch_bounds__(kThreads)
     RopeKernel(const T* __restrict__ x, int64_t token_stride, const int64_t* __restrict__ position,
-               const float* __restrict__ inv_freq, T* __restrict__ out, int64_t tokens, int heads, int head_dim,
-               float sin_sign) {
+               const float* __restrict__ inv_freq, T* __restrict__ out, int64_t out_token_stride, int64_t tokens,
+               int heads, int head_dim, float sin_sign) {
   extern __shared__ float table[];  // cos[0, half), then sin[0, half), dtype-rounded
   const int half = head_dim / 2;
   float* cos_t = table;
@@ -48,7 +48,7 @@ __global__ void __launch_bounds__(kThreads)
     }
     __syncthreads();
     const T* xt = x + t * token_stride;
-    T* ot = out + t * static_cast<int64_t>(heads) * head_dim;
+    T* ot = out + t * out_token_stride;
     for (int item = threadIdx.x; item < items; item += blockDim.x) {
       const int h = item / per_head;
       const int i0 = (item - h * per_head) * kN;
@@ -71,13 +71,14 @@ __global__ void __launch_bounds__(kThreads)
 }  // namespace
 
 std::string RopeForward(const void* x, int64_t token_stride, const int64_t* position, const float* inv_freq,
-                        void* out, int64_t tokens, int64_t heads, int64_t head_dim, bool inverse, DType dtype,
-                        void* stream) {
+                        void* out, int64_t out_token_stride, int64_t tokens, int64_t heads, int64_t head_dim,
+                        bool inverse, DType dtype, void* stream) {
   if (tokens < 0 || heads <= 0 || head_dim <= 0 || head_dim % 2 != 0 || head_dim > kMaxHeadDim ||
-      heads * head_dim > INT_MAX / 2 || token_stride < heads * head_dim) {
+      heads * head_dim > INT_MAX / 2 || token_stride < heads * head_dim || out_token_stride < heads * head_dim) {
     return "RopeForward: bad sizes tokens=" + std::to_string(tokens) + " heads=" + std::to_string(heads) +
            " head_dim=" + std::to_string(head_dim) + " (even, at most " + std::to_string(kMaxHeadDim) +
-           ") token_stride=" + std::to_string(token_stride) + " (at least heads * head_dim)";
+           ") token_stride=" + std::to_string(token_stride) + " out_token_stride=" +
+           std::to_string(out_token_stride) + " (each at least heads * head_dim)";
   }
   if (tokens == 0) return {};
   if (!x || !position || !inv_freq || !out) return "RopeForward: a null pointer";
@@ -92,12 +93,14 @@ std::string RopeForward(const void* x, int64_t token_stride, const int64_t* posi
     T* op = static_cast<T*>(out);
     const int h = static_cast<int>(heads), d = static_cast<int>(head_dim);
     const cudaStream_t s = AsStream(stream);
-    // Vectors need every half-row start 16-byte aligned: half, the token stride
-    // (elements) and both base pointers.
-    if (half % kN == 0 && token_stride % kN == 0 && Aligned16(x) && Aligned16(out)) {
-      RopeKernel<T, kN><<<grid, kThreads, shared, s>>>(xp, token_stride, position, inv_freq, op, tokens, h, d, sign);
+    // Vectors need every half-row start 16-byte aligned: half, both token
+    // strides (elements) and both base pointers.
+    if (half % kN == 0 && token_stride % kN == 0 && out_token_stride % kN == 0 && Aligned16(x) && Aligned16(out)) {
+      RopeKernel<T, kN><<<grid, kThreads, shared, s>>>(xp, token_stride, position, inv_freq, op, out_token_stride,
+                                                       tokens, h, d, sign);
     } else {
-      RopeKernel<T, 1><<<grid, kThreads, shared, s>>>(xp, token_stride, position, inv_freq, op, tokens, h, d, sign);
+      RopeKernel<T, 1><<<grid, kThreads, shared, s>>>(xp, token_stride, position, inv_freq, op, out_token_stride,
+                                                      tokens, h, d, sign);
     }
     return LaunchError("RopeForward");
   });

@@ -14,6 +14,7 @@
 // shrinks the largest shapes (scripts/gpu-sanitize.sh: tools run slowly).
 #include "engine/fused_ops.h"
 
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -281,6 +282,33 @@ TEST(FusedOpsCpuTest, RopeIsPlainForwardAndBackward) {
     oa.backward(g);
     ob.backward(g);
     EXPECT_TRUE(torch::equal(oa, ob)) << DTypeName(dtype);
+    EXPECT_TRUE(torch::equal(wa.grad(), wb.grad())) << DTypeName(dtype);
+  }
+}
+
+TEST(FusedOpsCpuTest, QkvRopeIsThePlainRopesAndACopyOfV) {
+  SeedForTest();
+  const int64_t tokens = 9, heads = 4, kv_heads = 2, d = 16, width = (heads + 2 * kv_heads) * d;
+  const torch::Tensor pos = Positions(tokens, 0, torch::kCPU), inv = InvFreq(d, torch::kCPU);
+  for (auto dtype : {torch::kFloat32, torch::kBFloat16}) {
+    const torch::Tensor wide0 = Random({tokens, width}, dtype, torch::kCPU);
+    const torch::Tensor gq = Random({tokens, heads, d}, dtype, torch::kCPU);
+    const torch::Tensor gk = Random({tokens, kv_heads, d}, dtype, torch::kCPU);
+    const torch::Tensor gv = Random({tokens, kv_heads, d}, dtype, torch::kCPU);
+    torch::Tensor wa = wide0.clone().requires_grad_(), wb = wide0.clone().requires_grad_();
+    auto split = [&](const torch::Tensor& w) {
+      const int64_t kv = kv_heads * d;
+      return std::array<torch::Tensor, 3>{w.narrow(1, 0, heads * d).view({tokens, heads, d}),
+                                          w.narrow(1, heads * d, kv).view({tokens, kv_heads, d}),
+                                          w.narrow(1, heads * d + kv, kv).view({tokens, kv_heads, d})};
+    };
+    const auto a = split(wa), b = split(wb);
+    const std::array<torch::Tensor, 3> oa = FusedQkvRope(a[0], a[1], a[2], pos, inv);
+    const std::array<torch::Tensor, 3> ob = {PlainRope(b[0], pos, inv), PlainRope(b[1], pos, inv), b[2]};
+    torch::autograd::backward({oa[0], oa[1], oa[2]}, {gq, gk, gv});
+    torch::autograd::backward({ob[0], ob[1], ob[2]}, {gq, gk, gv});
+    for (size_t i = 0; i < 3; ++i) EXPECT_TRUE(torch::equal(oa[i], ob[i])) << DTypeName(dtype) << " output " << i;
+    EXPECT_TRUE(oa[2].is_contiguous()) << DTypeName(dtype);
     EXPECT_TRUE(torch::equal(wa.grad(), wb.grad())) << DTypeName(dtype);
   }
 }
@@ -637,6 +665,109 @@ TEST_F(FusedOpsCudaTest, RopeMatchesFloat64Reference) {
 // into its allocation (unaligned: the scalar path); logits of scale 30 for the
 // online maximum. Without write_grad the logits stay untouched and the loss is
 // the same bits as with it (pass 1 is the same code).
+// The q|k|v node computes FusedRope(q), FusedRope(k) and v's copy, forward
+// and backward, to the bit; its input gradients are the columns of one
+// (tokens, width) buffer in q|k|v order (what lets the q|k|v group skip its
+// concatenation). Gradients for all three outputs, and for some only (the
+// missing ones zero).
+TEST_F(FusedOpsCudaTest, QkvRopeIsTheRopesAndACopyOfVBitForBit) {
+  const int64_t tokens = Quick() ? 300 : 2048, heads = 8, kv_heads = 2, d = 128;
+  const int64_t width = (heads + 2 * kv_heads) * d;
+  const torch::Tensor pos = Positions(tokens, 0, cuda_), inv = InvFreq(d, cuda_);
+  const int64_t widths[3] = {heads * d, kv_heads * d, kv_heads * d};
+  for (auto dtype : dtypes_) {
+    const torch::Tensor wide0 = Random({tokens, width}, dtype, cuda_);
+    const std::array<torch::Tensor, 3> g = {Random({tokens, heads, d}, dtype, cuda_),
+                                            Random({tokens, kv_heads, d}, dtype, cuda_),
+                                            Random({tokens, kv_heads, d}, dtype, cuda_)};
+    auto split = [&](const torch::Tensor& w) {
+      std::array<torch::Tensor, 3> parts;
+      int64_t column = 0;
+      for (size_t i = 0; i < 3; ++i) {
+        parts[i] = w.narrow(1, column, widths[i]).view({tokens, widths[i] / d, d});
+        column += widths[i];
+      }
+      return parts;
+    };
+    for (const std::array<bool, 3>& used : {std::array<bool, 3>{true, true, true}, {true, false, true},
+                                           {false, true, false}}) {
+      const std::string what =
+          DTypeName(dtype) + " used " + std::to_string(used[0]) + std::to_string(used[1]) + std::to_string(used[2]);
+      torch::Tensor wa = wide0.clone().requires_grad_(), wb = wide0.clone().requires_grad_();
+      const std::array<torch::Tensor, 3> a = split(wa), b = split(wb);
+      std::array<torch::Tensor, 3> seen;  // the gradients the node hands back
+      for (size_t i = 0; i < 3; ++i) {
+        a[i].register_hook([&seen, i](torch::Tensor grad) { seen[i] = grad; });
+      }
+      const std::array<torch::Tensor, 3> oa = FusedQkvRope(a[0], a[1], a[2], pos, inv);
+      const std::array<torch::Tensor, 3> ob = {FusedRope(b[0], pos, inv), FusedRope(b[1], pos, inv),
+                                               b[2].contiguous()};
+      std::vector<torch::Tensor> outs_a, outs_b, grads;
+      for (size_t i = 0; i < 3; ++i) {
+        EXPECT_TRUE(torch::equal(oa[i], ob[i])) << what << " output " << i;
+        if (!used[i]) continue;
+        outs_a.push_back(oa[i]);
+        outs_b.push_back(ob[i]);
+        grads.push_back(g[i]);
+      }
+      torch::autograd::backward(outs_a, grads);
+      torch::autograd::backward(outs_b, grads);
+      EXPECT_TRUE(torch::equal(wa.grad(), wb.grad())) << what;
+      // One buffer, columns in order, rows `width` apart.
+      int64_t column = 0;
+      for (size_t i = 0; i < 3; ++i) {
+        ASSERT_TRUE(seen[i].defined()) << what << " gradient " << i;
+        EXPECT_TRUE(seen[i].storage().is_alias_of(seen[0].storage())) << what << " gradient " << i;
+        EXPECT_EQ(seen[i].storage_offset(), seen[0].storage_offset() + column) << what << " gradient " << i;
+        EXPECT_EQ(seen[i].stride(0), width) << what << " gradient " << i;
+        column += widths[i];
+      }
+    }
+  }
+}
+
+// FusedScaledCasts is mul_out(dst, src, scale) per copy, to the bit, for
+// every pair of dtypes: LoRA-shaped sources (dense, and transposed views of a
+// wider product, as the dB casts read them) into blocks of NaN-poisoned wider
+// matrices (as the B blocks of a widened group), more copies than one launch
+// takes; nothing outside the blocks is touched.
+TEST_F(FusedOpsCudaTest, ScaledCastsAreMulOutBitForBit) {
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{4096, 16}, {16, 4096}, {1024, 16}, {14336, 16},
+                                                           {7, 3},     {1, 1},     {0, 5},     {333, 8}};
+  for (auto src_dtype : dtypes_) {
+    for (auto dst_dtype : dtypes_) {
+      const std::string what = DTypeName(src_dtype) + " -> " + DTypeName(dst_dtype);
+      std::vector<ScaledCast> fused, plain;
+      std::vector<torch::Tensor> wide_fused, wide_plain;
+      for (int i = 0; i < 100; ++i) {  // 100 > 48: three launches
+        const auto [rows, cols] = shapes[i % shapes.size()];
+        const double scale = i % 3 == 0 ? 1.0 : 0.37 * (i + 1);
+        torch::Tensor src;
+        if (i % 2 == 0) {
+          src = Random({rows, cols}, src_dtype, cuda_, 2.0);
+        } else {  // a transposed block of a wider product
+          src = Random({cols, rows + 5}, src_dtype, cuda_, 2.0).narrow(1, 2, rows).t();
+        }
+        const torch::Tensor wide =
+            torch::full({rows + 3, cols + 9}, std::numeric_limits<double>::quiet_NaN(), cuda_).to(dst_dtype);
+        wide_fused.push_back(wide.clone());
+        wide_plain.push_back(wide.clone());
+        fused.push_back({src, wide_fused.back().narrow(0, 1, rows).narrow(1, 4, cols), scale});
+        plain.push_back({src, wide_plain.back().narrow(0, 1, rows).narrow(1, 4, cols), scale});
+      }
+      FusedScaledCasts(fused);
+      PlainScaledCasts(plain);
+      for (size_t i = 0; i < wide_fused.size(); ++i) {
+        // NaNs stay where nothing was written, in both: compare with NaN == NaN.
+        const torch::Tensor a = wide_fused[i].to(torch::kFloat64), b = wide_plain[i].to(torch::kFloat64);
+        EXPECT_TRUE(torch::equal(torch::isnan(a), torch::isnan(b))) << what << " copy " << i;
+        EXPECT_TRUE(torch::equal(torch::nan_to_num(a, 0.0), torch::nan_to_num(b, 0.0))) << what << " copy " << i;
+        EXPECT_TRUE(AllFinite(fused[i].dst)) << what << " copy " << i;
+      }
+    }
+  }
+}
+
 TEST_F(FusedOpsCudaTest, SoftmaxCrossEntropyRowsMatchesFloat64Reference) {
   struct Case {
     int64_t rows, vocab, offset;
@@ -784,9 +915,11 @@ TEST_F(FusedOpsCudaTest, LaunchersWriteEveryElement) {
       const torch::Tensor pos = Positions(tokens, 0, cuda_), inv = InvFreq(d, cuda_);
       torch::Tensor out = poisoned({tokens, heads, d}, o), back = poisoned({tokens, heads, d}, o);
       ASSERT_EQ(k::RopeForward(x.data_ptr(), x.stride(0), pos.data_ptr<int64_t>(), inv.data_ptr<float>(),
-                               out.data_ptr(), tokens, heads, d, /*inverse=*/false, kdtype(dtype), stream), "");
+                               out.data_ptr(), heads * d, tokens, heads, d, /*inverse=*/false, kdtype(dtype), stream),
+                "");
       ASSERT_EQ(k::RopeForward(out.data_ptr(), heads * d, pos.data_ptr<int64_t>(), inv.data_ptr<float>(),
-                               back.data_ptr(), tokens, heads, d, /*inverse=*/true, kdtype(dtype), stream), "");
+                               back.data_ptr(), heads * d, tokens, heads, d, /*inverse=*/true, kdtype(dtype), stream),
+                "");
       EXPECT_TRUE(AllFinite(out) && AllFinite(back)) << DTypeName(dtype) << " pad=" << pad;
       EXPECT_TRUE(torch::equal(out, FusedRope(x, pos, inv))) << DTypeName(dtype) << " pad=" << pad;
       // The inverse rotation undoes the forward one up to the dtype's rounding.

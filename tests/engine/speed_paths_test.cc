@@ -1,6 +1,7 @@
 // The training loop's faster paths compute what the plain ones do: the
-// projections that share an input as one node, the chunked linear cross-entropy, activation checkpointing (with dropout), the
-// fused AdamW, the step read-back, the FLOPs count and the micro-batch probe.
+// projections that share an input as one node (and its cached LoRA copies),
+// the chunked linear cross-entropy, activation checkpointing (with dropout),
+// the fused AdamW, the step read-back, the FLOPs count and the micro-batch probe.
 // Runs on TRAINERD_TEST_DEVICE / TRAINERD_TEST_DTYPE (CPU float32 in CI).
 #include <cmath>
 #include <mutex>
@@ -490,6 +491,96 @@ TEST(LinearGroup, DenseInputGradientOnRequest) {
 
 // The fused AdamW (CUDA, LibTorch 2.x) and the plain one take the same steps;
 // elsewhere FusedAdamW is the plain step. State stays in the optimizer.
+// The model-dtype copies of the LoRA parameters (LinearGroup::LoraCopies)
+// follow the parameters: after in-place changes (by hand, by the fused
+// optimizer) and a new tensor, RefreshLoraCopies writes s B into its block of
+// the widened matrix and A into the stacked copy (or the A rows) exactly as
+// the casts would, and the forward that follows matches the layers one by
+// one. A forward with nothing changed writes nothing.
+TEST(LinearGroup, LoraCopiesFollowTheParameters) {
+  torch::manual_seed(21);
+  const auto opts = torch::TensorOptions().dtype(TorchTestDtype()).device(TorchTestDevice());
+  const auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(TorchTestDevice());
+  for (int64_t in : {int64_t{16}, int64_t{40}}) {  // 40: wider than the outputs (18): the A rows
+    const std::vector<int64_t> outs{12, 6};
+    const std::vector<int64_t> ranks{4, 3};
+    const std::vector<double> scalings{2.0, 0.3};
+    std::vector<engine::Linear> layers(2);
+    for (size_t i = 0; i < 2; ++i) {
+      layers[i].weight = torch::randn({outs[i], in}, opts) * 0.2;
+      layers[i].lora = engine::LoraWeights{(torch::randn({ranks[i], in}, f32) * 0.3).set_requires_grad(true),
+                                           (torch::randn({outs[i], ranks[i]}, f32) * 0.3).set_requires_grad(true),
+                                           scalings[i], 0.0};
+    }
+    std::vector<engine::Linear> widened = layers;
+    engine::LinearGroup group;
+    engine::Widen(group, {&widened[0], &widened[1]});
+    EXPECT_EQ(group.a_rows > 0, in == 40);
+    const std::vector<const engine::Linear*> members{&widened[0], &widened[1]};
+    const std::string what = "in " + std::to_string(in);
+    // What the copies must hold: A stacked and each s B, cast once.
+    auto expect_copies = [&](const std::string& when) {
+      const int64_t out_total = outs[0] + outs[1];
+      const torch::Tensor a_copy = group.a_rows > 0
+                                       ? group.widened.narrow(0, out_total, ranks[0] + ranks[1]).narrow(1, 0, in)
+                                       : group.lora_copies.a_stacked;
+      EXPECT_TRUE(torch::equal(group.lora_copies.a_stacked, a_copy)) << what << " " << when;
+      int64_t row = 0, col = 0;
+      for (size_t i = 0; i < 2; ++i) {
+        const engine::LoraWeights& w = *widened[i].lora;
+        EXPECT_TRUE(torch::equal(a_copy.narrow(0, col, ranks[i]), w.a.detach().to(TorchTestDtype())))
+            << what << " " << when << ": A " << i;
+        const torch::Tensor b_block = group.widened.narrow(0, row, outs[i]).narrow(1, in + col, ranks[i]);
+        torch::Tensor want = torch::empty({outs[i], ranks[i]}, opts);
+        torch::mul_out(want, w.b.detach(), torch::scalar_tensor(scalings[i]));
+        EXPECT_TRUE(torch::equal(b_block, want)) << what << " " << when << ": B " << i;
+        row += outs[i];
+        col += ranks[i];
+      }
+    };
+    auto expect_forward = [&](const std::string& when) {
+      const torch::Tensor x = torch::randn({7, in}, opts);
+      const std::vector<torch::Tensor> ys = engine::ForwardGroup(group, members, x, /*training=*/true);
+      for (size_t i = 0; i < 2; ++i) {
+        EXPECT_LE(RelativeError(ys[i], layers[i].Forward(x, true)), TestTolerances().loss * 10)
+            << what << " " << when << ": member " << i;
+      }
+    };
+    expect_forward("first forward");
+    expect_copies("first forward");
+    const int64_t version = group.widened._version();
+    expect_forward("nothing changed");
+    EXPECT_EQ(group.widened._version(), version) << what << ": a forward with nothing changed wrote the copies";
+
+    {
+      torch::NoGradGuard no_grad;
+      layers[0].lora->b.add_(0.25);
+      layers[1].lora->a.mul_(-1.5);
+    }
+    engine::RefreshLoraCopies({{&group, members}});
+    expect_copies("in-place changes");
+    expect_forward("in-place changes");
+
+    // The fused optimizer's update (on CUDA the fused kernel, elsewhere the plain step).
+    for (auto& l : layers) {
+      l.lora->a.mutable_grad() = torch::randn_like(l.lora->a);
+      l.lora->b.mutable_grad() = torch::randn_like(l.lora->b);
+    }
+    torch::optim::AdamW adamw({layers[0].lora->a, layers[0].lora->b, layers[1].lora->a, layers[1].lora->b},
+                              torch::optim::AdamWOptions(0.05));
+    engine::FusedAdamW(adamw).Step(TorchTestDevice());
+    engine::RefreshLoraCopies({{&group, members}});
+    expect_copies("an optimizer step");
+    expect_forward("an optimizer step");
+
+    // A new tensor (as loading an adapter into fresh parameters would give).
+    widened[1].lora->b = (torch::randn({outs[1], ranks[1]}, f32) * 0.3).set_requires_grad(true);
+    layers[1].lora->b = widened[1].lora->b;
+    expect_forward("a new B");  // the forward alone brings its copies up to date
+    expect_copies("a new B");
+  }
+}
+
 TEST(FusedAdamW, MatchesThePlainOptimizer) {
   torch::manual_seed(8);
   auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(TorchTestDevice());
@@ -515,6 +606,10 @@ TEST(FusedAdamW, MatchesThePlainOptimizer) {
   }
   EXPECT_LE(RelativeError(b[0], a[0]), 1e-6);
   EXPECT_LE(RelativeError(b[1], a[1]), 1e-6);
+  // Each update bumped the parameters' version counters, as in-place ops do
+  // (the model's LoRA copies rely on it).
+  EXPECT_GE(b[0]._version(), int64_t{4});
+  EXPECT_GE(b[1]._version(), int64_t{4});
   // The state a checkpoint saves: step counts and moments.
   ASSERT_EQ(fused_base.state().size(), 2u);
   for (const auto& [key, state] : fused_base.state()) {
