@@ -60,7 +60,7 @@ std::vector<LoraSource> StaleLoraCasts(const LinearGroup& group, at::TensorList 
     if (group.ranks[i] == 0) continue;
     const torch::Tensor& a = lora[j];
     const torch::Tensor& b = lora[j + 1];
-    const LoraSource source{a.data_ptr(), b.data_ptr(), a._version(), b._version(), scaling[i]};
+    const LoraSource source{a, b, a.data_ptr(), b.data_ptr(), a._version(), b._version(), scaling[i]};
     const size_t member = now.size();
     if (member >= copies.written.size() || !(copies.written[member] == source)) {
       casts->push_back({a, copies.a_blocks[member], 1.0});

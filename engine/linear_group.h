@@ -61,18 +61,23 @@ struct LinearGroup {
   // The model-dtype copies of the LoRA parameters that the node's GEMMs read:
   // each member's s_i B_i in its block of `widened`, and the A's stacked in
   // `a_stacked` (rank, in), or in the A rows where the group keeps them. They
-  // are written again only when a parameter changed since (its storage or
-  // version counter: every in-place update, the optimizer's included, bumps
-  // it) or its scaling did; RefreshLoraCopies writes those of many groups in
-  // one launch, and a forward writes whatever is still out of date.
+  // are written again only when a parameter changed since: another tensor,
+  // another storage, or a new version (every in-place update, the
+  // optimizer's included, bumps the counter), or another scaling.
+  // RefreshLoraCopies writes those of many groups in one launch, and a
+  // forward writes whatever is still out of date.
   struct LoraCopies {
     struct Source {
-      const void* a = nullptr;
-      const void* b = nullptr;
+      // The parameters themselves, held so that a freed one's address cannot
+      // come back as a new tensor that looks the same.
+      torch::Tensor a, b;
+      const void* a_data = nullptr;
+      const void* b_data = nullptr;
       int64_t a_version = -1, b_version = -1;
       double scaling = 0;
       bool operator==(const Source& o) const {
-        return a == o.a && b == o.b && a_version == o.a_version && b_version == o.b_version && scaling == o.scaling;
+        return a.is_same(o.a) && b.is_same(o.b) && a_data == o.a_data && b_data == o.b_data &&
+               a_version == o.a_version && b_version == o.b_version && scaling == o.scaling;
       }
     };
     std::vector<Source> written;  // per LoRA member, what its copies hold; empty: nothing yet
