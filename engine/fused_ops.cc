@@ -441,9 +441,14 @@ torch::Tensor FusedRope(const torch::Tensor& x, const torch::Tensor& position_id
 
 void FusedScaledCasts(const std::vector<ScaledCast>& casts) {
 #ifdef TRAINERD_WITH_CUDA_KERNELS
-  // The kernel's copies by (device, source dtype, destination dtype), in order.
-  std::map<std::tuple<int, int, int>, std::vector<kernels::ScaledCopy>> batches;
-  std::map<std::tuple<int, int, int>, torch::Tensor> any_dst;  // for the device and stream
+  // The kernel's copies by (device, source dtype, destination dtype), in
+  // order, each batch with one of its destinations (for the device, the
+  // destination dtype and the stream).
+  struct Batch {
+    torch::Tensor dst;
+    std::vector<kernels::ScaledCopy> copies;
+  };
+  std::map<std::tuple<int, int, int>, Batch> batches;
   std::vector<ScaledCast> plain;
   for (const ScaledCast& c : casts) {
     if (!(KernelTensor(c.src) && KernelTensor(c.dst) && c.src.dim() == 2 && c.src.sizes() == c.dst.sizes() &&
@@ -463,21 +468,21 @@ void FusedScaledCasts(const std::vector<ScaledCast>& casts) {
     k.dst_row_stride = c.dst.stride(0);
     k.dst_col_stride = c.dst.stride(1);
     k.scale = static_cast<float>(c.scale);
-    batches[key].push_back(k);
-    any_dst.emplace(key, c.dst);
+    Batch& batch = batches[key];
+    if (!batch.dst.defined()) batch.dst = c.dst;
+    batch.copies.push_back(k);
+    // Written through a raw pointer below: tell autograd, as an in-place op would.
+    torch::autograd::impl::bump_version(c.dst);
   }
-  for (const auto& [key, copies] : batches) {
-    const torch::Tensor& t = any_dst.at(key);
+  for (const auto& [key, batch] : batches) {
+    const torch::Tensor& t = batch.dst;
     const c10::cuda::CUDAGuard guard(t.device());
     const kernels::DType src_dtype = *KernelDType(static_cast<torch::ScalarType>(std::get<1>(key)));
+    const std::vector<kernels::ScaledCopy>& copies = batch.copies;
     for (size_t begin = 0; begin < copies.size(); begin += kernels::kMaxScaledCopies) {
       const int count = static_cast<int>(std::min<size_t>(kernels::kMaxScaledCopies, copies.size() - begin));
       Check(kernels::ScaledCopies(copies.data() + begin, count, src_dtype, DTypeOf(t), StreamOf(t)));
     }
-  }
-  // Written through raw pointers: tell autograd, as an in-place op would.
-  for (const ScaledCast& c : casts) {
-    if (KernelTensor(c.dst)) torch::autograd::impl::bump_version(c.dst);
   }
   PlainScaledCasts(plain);
 #else
