@@ -136,19 +136,26 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
     // No LoRA member (cols 0): the stacked product of x as it is.
     torch::Tensor x_ext = cols == 0 ? x : WidenedView(x, in, cols);
     const bool in_place = x_ext.defined();
+    const torch::Tensor top = group.widened.narrow(0, 0, Sum(group.outs));  // [W | sB | 0]
+    torch::Tensor y;  // (N, sum out)
     if (in_place) {
       if (rank > 0) {
         t = x_ext.narrow(1, in, rank);
         at::mm_out(t, x, a_cat.t());
       }
       if (cols > rank) x_ext.narrow(1, in + rank, cols - rank).zero_();
-    } else {  // no room left by the producer (cols > 0, so rank > 0)
+      y = group.bias.defined() ? torch::addmm(group.bias, x_ext, top.t()) : torch::mm(x_ext, top.t());
+    } else {
+      // No room left by the producer (attention's output, for o; cols > 0,
+      // so rank > 0): the LoRA term first, t (sB)^T by a thin product, then
+      // x W^T added onto it in the frozen GEMM's epilogue (beta 1), instead
+      // of copying x into a widened buffer. The LoRA term is rounded to the
+      // model dtype once more than in the widened product.
       t = torch::mm(x, a_cat.t());
-      x_ext = ConcatPadded(x, t, in + cols);
+      const torch::Tensor sb_t = top.narrow(1, in, rank).t();
+      y = group.bias.defined() ? torch::addmm(group.bias, t, sb_t) : torch::mm(t, sb_t);
+      y.addmm_(x, top.narrow(1, 0, in).t());
     }
-    const torch::Tensor top = group.widened.narrow(0, 0, Sum(group.outs));  // [W | sB | 0]
-    const torch::Tensor y = group.bias.defined() ? torch::addmm(group.bias, x_ext, top.t())
-                                                 : torch::mm(x_ext, top.t());  // (N, sum out)
     tensor_list outputs;
     int64_t row = 0;
     for (int64_t out : group.outs) {
@@ -205,6 +212,7 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
     // Input wider than the output (down): [g | u | 0] [W ; A ; 0] = g W + u A,
     // so that no pass over the wide input gradient follows.
     const bool lora_term_in_gemm = need_x && rank > 0 && widened.size(0) > out_total;
+    bool lora_term_added = lora_term_in_gemm;  // u A in grad_x already
     if (need_x && !lora_term_in_gemm && !ctx->saved_data["dense_input_gradient"].toBool()) {
       // g [W | sB | 0] = [g W | u | 0]: the input gradient and u from one GEMM.
       const torch::Tensor grad_ext = torch::mm(g, top);
@@ -216,6 +224,12 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
       if (rank > 0) u = torch::mm(g, top.narrow(1, in, rank));
       if (lora_term_in_gemm) {
         grad_x = torch::mm(ConcatPadded(g, u, widened.size(0)), widened.narrow(1, 0, in));
+      } else if (need_x && rank > 0) {
+        // u A first (a thin product), then g W added onto it in the GEMM's
+        // epilogue (beta 1): no pass over the input gradient afterwards.
+        grad_x = torch::mm(u, a_cat);
+        grad_x.addmm_(g, top.narrow(1, 0, in));
+        lora_term_added = true;
       } else if (need_x) {
         grad_x = torch::mm(g, top.narrow(1, 0, in));
       }
@@ -254,7 +268,7 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
         row += outs[i];
       }
       FusedScaledCasts(casts);
-      if (need_x && !lora_term_in_gemm) grad_x.addmm_(u, a_cat);
+      if (need_x && !lora_term_added) grad_x.addmm_(u, a_cat);
     }
     result.push_back(torch::Tensor());  // group
     result.push_back(torch::Tensor());  // scaling

@@ -25,6 +25,10 @@
 // [g | u] [W ; A] = g W + u A is one GEMM too (u first, from g and sB),
 // instead of an (N, in) pass adding u A afterwards.
 //
+// An input with no spare columns after its rows (attention's output, for o)
+// is not copied into a widened buffer: the thin LoRA product s (x A^T) B^T
+// comes first, and the frozen GEMM adds x W^T onto it (beta 1).
+//
 // Where the node does not apply (weights that need gradients, LoRA dropout in
 // training, a group not widened), each member's Linear::Forward runs and
 // autograd does the rest. Same products in the model dtype as Forward, with
@@ -51,7 +55,8 @@ struct LinearGroup {
   // The input gradient dense (N, in) rather than the left part of the
   // backward's (N, in + cols) product: for an input whose producer would copy
   // a strided gradient (attention's backward, for o). Costs a thin product
-  // for the LoRA term's u, which otherwise comes out of the same GEMM.
+  // for the LoRA term's u, which otherwise comes out of the same GEMM; u A is
+  // made first and g W added onto it by the GEMM (beta 1).
   bool dense_input_gradient = false;
 
   // The columns a producer of this group's input may leave after each row
