@@ -137,5 +137,9 @@ void RefreshLoraCopies(const std::vector<GroupMembers>& groups);
 // made, if the node may keep that instead of x (ignored elsewhere).
 std::vector<torch::Tensor> ForwardGroup(const LinearGroup& group, const std::vector<const Linear*>& members,
                                         const torch::Tensor& x, bool training, const InputRecipe& recipe = {});
+inline std::vector<torch::Tensor> ForwardGroup(const GroupMembers& group, const torch::Tensor& x, bool training,
+                                               const InputRecipe& recipe = {}) {
+  return ForwardGroup(*group.group, group.members, x, training, recipe);
+}
 
 }  // namespace trainerd::engine

@@ -256,12 +256,11 @@ torch::Tensor LlamaModel::Attention(const DecoderLayer& layer, const torch::Tens
                                     const AttentionInputs& in) const {
   const int64_t b = x.size(0), t = x.size(1), d = config_.head_dim;
   const int64_t nh = config_.num_attention_heads, nkv = config_.num_key_value_heads;
-  std::vector<torch::Tensor> qkv =
-      ForwardGroup(layer.qkv, {&layer.q_proj, &layer.k_proj, &layer.v_proj}, x, training_, x_recipe);
+  std::vector<torch::Tensor> qkv = ForwardGroup(layer.QkvGroup(), x, training_, x_recipe);
   // v gets its own copy below (16 MB at 8B's 4x2048): attention keeps v for
   // its backward, and a view of the widened group's product would keep all of
   // q|k|v alive; q and k are rotated into new tensors anyway.
-  auto o_proj = [&](const torch::Tensor& o) { return ForwardGroup(layer.o, {&layer.o_proj}, o, training_)[0]; };
+  auto o_proj = [&](const torch::Tensor& o) { return ForwardGroup(layer.OGroup(), o, training_)[0]; };
   if (in.segments.defined()) {
     torch::Tensor q = qkv[0].view({b * t, nh, d});
     torch::Tensor k = qkv[1].view({b * t, nkv, d});
@@ -319,8 +318,7 @@ LlamaModel::Residual LlamaModel::LayerForward(size_t index, const Residual& h, c
   std::tie(r, x) = FusedAddRmsNorm(sum, attention, layer.post_attention_norm, eps, layer.gate_up.spare_columns(),
                                    &normed.norm_rstd);
   normed.norm_input = r;
-  const std::vector<torch::Tensor> gate_up =
-      ForwardGroup(layer.gate_up, {&layer.gate_proj, &layer.up_proj}, x, training_, normed);
+  const std::vector<torch::Tensor> gate_up = ForwardGroup(layer.GateUpGroup(), x, training_, normed);
   const torch::Tensor act = FusedSwiGlu(gate_up[0], gate_up[1], layer.down.spare_columns());
   // With checkpointing on (memory first), a layer that keeps its activations
   // does not keep the SwiGLU output either: down makes it again in its
@@ -330,7 +328,7 @@ LlamaModel::Residual LlamaModel::LayerForward(size_t index, const Residual& h, c
     activated.gate = gate_up[0];
     activated.up = gate_up[1];
   }
-  return {r, ForwardGroup(layer.down, {&layer.down_proj}, act, training_, activated)[0]};
+  return {r, ForwardGroup(layer.DownGroup(), act, training_, activated)[0]};
 }
 
 void LlamaModel::WidenLinearGroups() {
@@ -359,10 +357,7 @@ torch::Tensor LlamaModel::Hidden(const torch::Tensor& input_ids, const torch::Te
 void LlamaModel::RefreshLoraCopies() const {
   std::vector<GroupMembers> groups;
   for (const DecoderLayer& l : layers_) {
-    groups.push_back({&l.qkv, {&l.q_proj, &l.k_proj, &l.v_proj}});
-    groups.push_back({&l.o, {&l.o_proj}});
-    groups.push_back({&l.gate_up, {&l.gate_proj, &l.up_proj}});
-    groups.push_back({&l.down, {&l.down_proj}});
+    groups.insert(groups.end(), {l.QkvGroup(), l.OGroup(), l.GateUpGroup(), l.DownGroup()});
   }
   engine::RefreshLoraCopies(groups);
 }

@@ -47,6 +47,13 @@ struct DecoderLayer {
   // q|k|v, o, gate|up, down. Widened by LlamaModel::WidenLinearGroups.
   LinearGroup qkv, o, gate_up, down;
 
+  // Each group with its members in the group's order: what ForwardGroup and
+  // RefreshLoraCopies take (Widen takes the same members, mutable).
+  GroupMembers QkvGroup() const { return {&qkv, {&q_proj, &k_proj, &v_proj}}; }
+  GroupMembers OGroup() const { return {&o, {&o_proj}}; }
+  GroupMembers GateUpGroup() const { return {&gate_up, {&gate_proj, &up_proj}}; }
+  GroupMembers DownGroup() const { return {&down, {&down_proj}}; }
+
   // The layer's linear modules by their short name (q_proj ... down_proj).
   Linear* Module(const std::string& short_name);
 };
