@@ -212,15 +212,18 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
     // Input wider than the output (down): [g | u | 0] [W ; A ; 0] = g W + u A,
     // so that no pass over the wide input gradient follows.
     const bool lora_term_in_gemm = need_x && rank > 0 && widened.size(0) > out_total;
-    bool lora_term_added = lora_term_in_gemm;  // u A in grad_x already
     if (need_x && !lora_term_in_gemm && !ctx->saved_data["dense_input_gradient"].toBool()) {
-      // g [W | sB | 0] = [g W | u | 0]: the input gradient and u from one GEMM.
+      // g [W | sB | 0] = [g W | u | 0]: the input gradient and u from one
+      // GEMM, then u A added (disjoint columns of the one product).
       const torch::Tensor grad_ext = torch::mm(g, top);
       grad_x = grad_ext.narrow(1, 0, in);
-      if (rank > 0) u = grad_ext.narrow(1, in, rank);
+      if (rank > 0) {
+        u = grad_ext.narrow(1, in, rank);
+        grad_x.addmm_(u, a_cat);
+      }
     } else {
       // u first, a thin product over g; then the input gradient, if needed,
-      // dense: with u inside its GEMM, or as g W alone (u A added below).
+      // dense: with u inside its GEMM, or onto u A, or as g W alone.
       if (rank > 0) u = torch::mm(g, top.narrow(1, in, rank));
       if (lora_term_in_gemm) {
         grad_x = torch::mm(ConcatPadded(g, u, widened.size(0)), widened.narrow(1, 0, in));
@@ -229,7 +232,6 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
         // epilogue (beta 1): no pass over the input gradient afterwards.
         grad_x = torch::mm(u, a_cat);
         grad_x.addmm_(g, top.narrow(1, 0, in));
-        lora_term_added = true;
       } else if (need_x) {
         grad_x = torch::mm(g, top.narrow(1, 0, in));
       }
@@ -268,7 +270,6 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
         row += outs[i];
       }
       FusedScaledCasts(casts);
-      if (need_x && !lora_term_added) grad_x.addmm_(u, a_cat);
     }
     result.push_back(torch::Tensor());  // group
     result.push_back(torch::Tensor());  // scaling
