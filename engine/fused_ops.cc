@@ -133,15 +133,18 @@ torch::Tensor WithSpareColumns(int64_t rows, int64_t cols, int64_t spare, const 
 
 // The RMSNorm backward of both norm nodes: dx (rows, H) of x2 (the norm's
 // input, (rows, H) dense) for dy (rows possibly wider: a widened group's
-// gradient), plus dsum (dense (rows, H)) inside the kernel when defined: the
-// gradient that reaches a residual sum from its other consumers; and dweight
-// in the weight's dtype when weight_grad (undefined otherwise).
-std::pair<torch::Tensor, torch::Tensor> RmsNormGradients(const torch::Tensor& dy_in, const torch::Tensor& dsum,
+// gradient), plus dsum ((..., H), rows possibly wider) inside the kernel when
+// defined: the gradient that reaches a residual sum from its other consumers;
+// and dweight in the weight's dtype when weight_grad (undefined otherwise).
+// dx is the left part of rows dx_spare elements wider (uninitialised).
+std::pair<torch::Tensor, torch::Tensor> RmsNormGradients(const torch::Tensor& dy_in, const torch::Tensor& dsum_in,
                                                          const torch::Tensor& x2, const torch::Tensor& w,
-                                                         const torch::Tensor& rstd, bool weight_grad) {
+                                                         const torch::Tensor& rstd, bool weight_grad,
+                                                         int64_t dx_spare) {
   const int64_t rows = x2.size(0), hidden = x2.size(1);
   const torch::Tensor dy = Rows(dy_in);
-  torch::Tensor dx = torch::empty(x2.sizes(), x2.options());
+  const torch::Tensor dsum = dsum_in.defined() ? Rows(dsum_in) : torch::Tensor();
+  torch::Tensor dx = WithSpareColumns(rows, hidden, dx_spare, x2.options());
   torch::Tensor dweight, workspace;  // float32 (H) and the kernel's partial sums
   if (weight_grad) {
     dweight = torch::empty({hidden}, x2.options().dtype(torch::kFloat32));
@@ -151,12 +154,14 @@ std::pair<torch::Tensor, torch::Tensor> RmsNormGradients(const torch::Tensor& dy
   float* dw = dweight.defined() ? dweight.data_ptr<float>() : nullptr;
   void* ws = workspace.defined() ? workspace.data_ptr() : nullptr;
   const size_t ws_bytes = workspace.defined() ? workspace.numel() * sizeof(float) : 0;
-  Check(dsum.defined() ? kernels::AddRmsNormBackward(dy.data_ptr(), RowStride(dy), dsum.data_ptr(), x2.data_ptr(),
-                                                     w.data_ptr(), rstd.data_ptr<float>(), dx.data_ptr(), dw, ws,
-                                                     ws_bytes, rows, hidden, DTypeOf(x2), StreamOf(x2))
+  const int64_t dx_stride = hidden + dx_spare;
+  Check(dsum.defined() ? kernels::AddRmsNormBackward(dy.data_ptr(), RowStride(dy), dsum.data_ptr(), RowStride(dsum),
+                                                     x2.data_ptr(), w.data_ptr(), rstd.data_ptr<float>(),
+                                                     dx.data_ptr(), dx_stride, dw, ws, ws_bytes, rows, hidden,
+                                                     DTypeOf(x2), StreamOf(x2))
                        : kernels::RmsNormBackward(dy.data_ptr(), RowStride(dy), x2.data_ptr(), w.data_ptr(),
-                                                  rstd.data_ptr<float>(), dx.data_ptr(), dw, ws, ws_bytes, rows,
-                                                  hidden, DTypeOf(x2), StreamOf(x2)));
+                                                  rstd.data_ptr<float>(), dx.data_ptr(), dx_stride, dw, ws, ws_bytes,
+                                                  rows, hidden, DTypeOf(x2), StreamOf(x2)));
   return {dx, dweight.defined() ? dweight.to(w.scalar_type()) : torch::Tensor()};
 }
 
@@ -186,7 +191,7 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
     const torch::Tensor& w = saved[1];
     const torch::Tensor& rstd = saved[2];
     const c10::cuda::CUDAGuard guard(x2.device());
-    const auto [dx, dweight] = RmsNormGradients(grads[0], {}, x2, w, rstd, ctx->needs_input_grad(1));
+    const auto [dx, dweight] = RmsNormGradients(grads[0], {}, x2, w, rstd, ctx->needs_input_grad(1), 0);
     return {dx.view(grads[0].sizes()), dweight, torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
@@ -195,7 +200,8 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
 class AddRmsNormFunction : public torch::autograd::Function<AddRmsNormFunction> {
  public:
   static variable_list forward(AutogradContext* ctx, const torch::Tensor& residual, const torch::Tensor& delta,
-                               const torch::Tensor& weight, double eps, int64_t spare, torch::Tensor* rstd_out) {
+                               const torch::Tensor& weight, double eps, int64_t spare, torch::Tensor* rstd_out,
+                               int64_t gradient_spare) {
     const c10::cuda::CUDAGuard guard(residual.device());
     const int64_t hidden = residual.size(-1);
     const torch::Tensor r2 = residual.contiguous().view({-1, hidden});  // (rows, H)
@@ -208,6 +214,7 @@ class AddRmsNormFunction : public torch::autograd::Function<AddRmsNormFunction> 
                                      hidden + spare, rstd.data_ptr<float>(), r2.size(0), hidden,
                                      static_cast<float>(eps), DTypeOf(residual), StreamOf(residual)));
     ctx->save_for_backward({sum, w, rstd});
+    ctx->saved_data["gradient_spare"] = gradient_spare;
     if (rstd_out != nullptr) *rstd_out = rstd;
     return {sum, y.view(residual.sizes())};
   }
@@ -219,15 +226,16 @@ class AddRmsNormFunction : public torch::autograd::Function<AddRmsNormFunction> 
     const int64_t rows = rstd.size(0), hidden = w.size(0);
     const torch::Tensor sum = saved[0].view({rows, hidden});
     const c10::cuda::CUDAGuard guard(sum.device());
-    const torch::Tensor dsum = grads[0].defined() ? grads[0].contiguous().view({rows, hidden}) : torch::Tensor();
+    const torch::Tensor dsum = grads[0].defined() ? Rows(grads[0]) : torch::Tensor();  // (rows, H), rows apart
     torch::Tensor dx, dweight;
     if (!grads[1].defined()) {  // y unused: the sum's gradient alone
       dx = dsum.defined() ? dsum : torch::zeros(sum.sizes(), sum.options());
     } else {
-      std::tie(dx, dweight) = RmsNormGradients(grads[1], dsum, sum, w, rstd, ctx->needs_input_grad(2));
+      std::tie(dx, dweight) = RmsNormGradients(grads[1], dsum, sum, w, rstd, ctx->needs_input_grad(2),
+                                               ctx->saved_data["gradient_spare"].toInt());
     }
     const torch::Tensor shaped = dx.view(saved[0].sizes());
-    return {shaped, shaped, dweight, torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    return {shaped, shaped, dweight, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -286,22 +294,40 @@ bool RopeReadsInPlace(const torch::Tensor& x) {
 
 // x rotated by the positions' angles (inverse: the transposed rotation) into
 // out (tokens, heads, d): dense, or token rows of a wider buffer (stride(0)
-// >= heads * d, stride(1) == d, stride(2) == 1).
-void RotateInto(const torch::Tensor& x_in, const torch::Tensor& position_ids, const torch::Tensor& inv_freq,
-                bool inverse, const torch::Tensor& out) {
-  const torch::Tensor x = RopeReadsInPlace(x_in) ? x_in : x_in.contiguous();
-  const int64_t tokens = x.size(0), heads = x.size(1), d = x.size(2);
-  const int64_t token_stride = tokens == 1 ? heads * d : x.stride(0);
-  const int64_t out_stride = tokens == 1 ? heads * d : out.stride(0);
-  Check(kernels::RopeForward(x.data_ptr(), token_stride, position_ids.data_ptr<int64_t>(), inv_freq.data_ptr<float>(),
-                             out.data_ptr(), out_stride, tokens, heads, d, inverse, DTypeOf(x), StreamOf(x)));
+// >= heads * d, stride(1) == d, stride(2) == 1); or copied there unchanged
+// (rotate false).
+struct RopePart {
+  torch::Tensor x, out;
+  bool rotate = true;
+};
+
+// Every part of one token count, head size and dtype in one launch.
+void RotateInto(const std::vector<RopePart>& parts, const torch::Tensor& position_ids,
+                const torch::Tensor& inv_freq, bool inverse) {
+  std::vector<kernels::RopeSegment> segments;
+  std::vector<torch::Tensor> inputs;  // alive until the launch
+  for (const RopePart& p : parts) {
+    const torch::Tensor x = RopeReadsInPlace(p.x) ? p.x : p.x.contiguous();
+    inputs.push_back(x);
+    const int64_t tokens = x.size(0), heads = x.size(1), d = x.size(2);
+    segments.push_back({x.data_ptr(), tokens == 1 ? heads * d : x.stride(0), p.out.data_ptr(),
+                        tokens == 1 ? heads * d : p.out.stride(0), heads, p.rotate});
+  }
+  const torch::Tensor& x = inputs.front();
+  Check(kernels::RopeSegments(segments.data(), static_cast<int>(segments.size()), position_ids.data_ptr<int64_t>(),
+                              inv_freq.data_ptr<float>(), x.size(0), x.size(2), inverse, DTypeOf(x), StreamOf(x)));
 }
 
-// The same as a new contiguous (tokens, heads, d) tensor.
+// A new contiguous (tokens, heads, d) tensor for x (tokens, heads, d).
+torch::Tensor EmptyHeads(const torch::Tensor& x) {
+  return torch::empty({x.size(0), x.size(1), x.size(2)}, x.options());
+}
+
+// x rotated, as a new contiguous (tokens, heads, d) tensor.
 torch::Tensor Rotate(const torch::Tensor& x, const torch::Tensor& position_ids, const torch::Tensor& inv_freq,
                      bool inverse) {
-  torch::Tensor out = torch::empty({x.size(0), x.size(1), x.size(2)}, x.options());
-  RotateInto(x, position_ids, inv_freq, inverse, out);
+  torch::Tensor out = EmptyHeads(x);
+  RotateInto({{x, out}}, position_ids, inv_freq, inverse);
   return out;
 }
 
@@ -336,9 +362,10 @@ class QkvRopeFunction : public torch::autograd::Function<QkvRopeFunction> {
     ctx->save_for_backward({pos, inv});
     ctx->saved_data["heads"] = std::vector<int64_t>{q.size(1), k.size(1), v.size(1)};
     // v's own copy even when it is dense: attention keeps it, and it must not
-    // keep alive the q|k|v product v is a view of.
-    return {Rotate(q, pos, inv, /*inverse=*/false), Rotate(k, pos, inv, /*inverse=*/false),
-            v.clone(at::MemoryFormat::Contiguous)};
+    // keep alive the q|k|v product v is a view of. One launch for the three.
+    torch::Tensor q_out = EmptyHeads(q), k_out = EmptyHeads(k), v_out = EmptyHeads(v);
+    RotateInto({{q, q_out}, {k, k_out}, {v, v_out, /*rotate=*/false}}, pos, inv, /*inverse=*/false);
+    return {q_out, k_out, v_out};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -353,21 +380,22 @@ class QkvRopeFunction : public torch::autograd::Function<QkvRopeFunction> {
     const c10::cuda::CUDAGuard guard(any->device());
     const int64_t tokens = any->size(0), d = any->size(2);
     const int64_t width = (heads[0] + heads[1] + heads[2]) * d;
-    // [dq | dk | dv] (tokens, width): each gradient a view of its columns.
+    // [dq | dk | dv] (tokens, width): each gradient a view of its columns,
+    // written by one launch (dq and dk rotated back, dv copied).
     const torch::Tensor buffer = torch::empty({tokens, width}, any->options());
+    std::vector<RopePart> parts;
     int64_t column = 0;
     for (size_t i = 0; i < 3; ++i) {
       torch::Tensor out = buffer.narrow(1, column, heads[i] * d).view({tokens, heads[i], d});
       column += heads[i] * d;
-      if (!grads[i].defined()) {
-        out.zero_();
-      } else if (i < 2) {
-        RotateInto(grads[i], saved[0], saved[1], /*inverse=*/true, out);
+      if (grads[i].defined()) {
+        parts.push_back({grads[i], out, /*rotate=*/i < 2});
       } else {
-        out.copy_(grads[i]);
+        out.zero_();
       }
       result[i] = out;
     }
+    RotateInto(parts, saved[0], saved[1], /*inverse=*/true);
     return result;
   }
 };
@@ -403,14 +431,15 @@ torch::Tensor FusedRmsNorm(const torch::Tensor& x, const torch::Tensor& weight, 
 
 std::pair<torch::Tensor, torch::Tensor> FusedAddRmsNorm(const torch::Tensor& residual, const torch::Tensor& delta,
                                                         const torch::Tensor& weight, double eps, int64_t spare_columns,
-                                                        torch::Tensor* rstd) {
+                                                        torch::Tensor* rstd, int64_t gradient_spare_columns) {
   if (!delta.defined()) return {residual, FusedRmsNorm(residual, weight, eps, spare_columns, rstd)};
 #ifdef TRAINERD_WITH_CUDA_KERNELS
   if (KernelTensor(residual) && delta.sizes() == residual.sizes() && delta.scalar_type() == residual.scalar_type() &&
       delta.device() == residual.device() && weight.defined() && weight.dim() == 1 &&
       weight.size(0) == residual.size(-1) && weight.scalar_type() == residual.scalar_type() &&
       weight.device() == residual.device()) {
-    const variable_list out = AddRmsNormFunction::apply(residual, delta, weight, eps, spare_columns, rstd);
+    const variable_list out =
+        AddRmsNormFunction::apply(residual, delta, weight, eps, spare_columns, rstd, gradient_spare_columns);
     return {out[0], out[1]};
   }
 #endif

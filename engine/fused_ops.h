@@ -50,9 +50,15 @@ torch::Tensor PlainRmsNorm(const torch::Tensor& x, const torch::Tensor& weight, 
 // delta. residual, delta: the same shape (..., H) and dtype. delta undefined:
 // {residual, FusedRmsNorm(residual, ...)}. Elsewhere (see above): the plain
 // add, then FusedRmsNorm, bit-for-bit the unfused computation.
+// The incoming gradient of sum may have rows wider than H (read in place).
+// gradient_spare_columns: on the kernel path, when y gets a gradient, the
+// gradient handed to residual and delta is the left part of rows that many
+// elements wider (uninitialised), room the group that made delta fills in
+// place of a concatenation (LinearGroup::gradient_spare_columns).
 std::pair<torch::Tensor, torch::Tensor> FusedAddRmsNorm(const torch::Tensor& residual, const torch::Tensor& delta,
                                                         const torch::Tensor& weight, double eps,
-                                                        int64_t spare_columns = 0, torch::Tensor* rstd = nullptr);
+                                                        int64_t spare_columns = 0, torch::Tensor* rstd = nullptr,
+                                                        int64_t gradient_spare_columns = 0);
 
 // silu(gate) * up. gate, up: the same shape (any) and dtype -> that shape.
 // The kernel path saves gate and up and recomputes silu in the backward. It

@@ -221,13 +221,27 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
         u = grad_ext.narrow(1, in, rank);
         grad_x.addmm_(u, a_cat);
       }
+    } else if (lora_term_in_gemm) {
+      // u first, a thin product over g, into the spare columns of g's rows
+      // where its producer left them (gradient_spare_columns), else beside a
+      // copy of g; then [g | u | 0] [W ; A ; 0] in one GEMM.
+      const int64_t a_rows = widened.size(0) - out_total;
+      const torch::Tensor sb = top.narrow(1, in, rank);
+      const torch::Tensor g_ext = WidenedView(g, out_total, a_rows);
+      if (g_ext.defined()) {
+        u = g_ext.narrow(1, out_total, rank);
+        at::mm_out(u, g, sb);
+        if (a_rows > rank) g_ext.narrow(1, out_total + rank, a_rows - rank).zero_();
+        grad_x = torch::mm(g_ext, widened.narrow(1, 0, in));
+      } else {
+        u = torch::mm(g, sb);
+        grad_x = torch::mm(ConcatPadded(g, u, widened.size(0)), widened.narrow(1, 0, in));
+      }
     } else {
       // u first, a thin product over g; then the input gradient, if needed,
-      // dense: with u inside its GEMM, or onto u A, or as g W alone.
+      // dense: onto u A, or as g W alone.
       if (rank > 0) u = torch::mm(g, top.narrow(1, in, rank));
-      if (lora_term_in_gemm) {
-        grad_x = torch::mm(ConcatPadded(g, u, widened.size(0)), widened.narrow(1, 0, in));
-      } else if (need_x && rank > 0) {
+      if (need_x && rank > 0) {
         // u A first (a thin product), then g W added onto it in the GEMM's
         // epilogue (beta 1): no pass over the input gradient afterwards.
         grad_x = torch::mm(u, a_cat);

@@ -62,6 +62,10 @@ struct LinearGroup {
   // The columns a producer of this group's input may leave after each row
   // (FusedRmsNorm, FusedSwiGlu) so that the node widens the input in place.
   int64_t spare_columns() const { return widened.defined() ? cols : 0; }
+  // The columns a producer of this group's output gradient may leave after
+  // each row (FusedAddRmsNorm's backward, for down) so that the backward's
+  // [g | u] is g's own buffer: a group with A rows only.
+  int64_t gradient_spare_columns() const { return widened.defined() ? a_rows : 0; }
 
   // The model-dtype copies of the LoRA parameters that the node's GEMMs read:
   // each member's s_i B_i in its block of `widened`, and the A's stacked in

@@ -306,11 +306,13 @@ LlamaModel::Residual LlamaModel::LayerForward(size_t index, const Residual& h, c
   // Each producer leaves its consumer group's spare columns, and tells it how
   // its input was made (engine/linear_group.h): the groups after the norms
   // keep no normalised copy (the norms keep their input, the residual sum).
+  // The first norm's backward leaves the previous layer's down its spare
+  // columns too, in the gradient of h.delta (down's output).
   InputRecipe normed;
   normed.norm_weight = layer.input_norm;
   torch::Tensor sum, x;
-  std::tie(sum, x) =
-      FusedAddRmsNorm(h.base, h.delta, layer.input_norm, eps, layer.qkv.spare_columns(), &normed.norm_rstd);
+  std::tie(sum, x) = FusedAddRmsNorm(h.base, h.delta, layer.input_norm, eps, layer.qkv.spare_columns(),
+                                     &normed.norm_rstd, DownGradientSpare(index));
   normed.norm_input = sum;
   const torch::Tensor attention = Attention(layer, x, normed, in);
   normed.norm_weight = layer.post_attention_norm;
@@ -351,7 +353,8 @@ torch::Tensor LlamaModel::Hidden(const torch::Tensor& input_ids, const torch::Te
   for (size_t i = 0; i < layers_.size(); ++i) {
     h = recompute && Recomputes(i) ? CheckpointedLayer(*this, i, h, in) : LayerForward(i, h, in);
   }
-  return FusedAddRmsNorm(h.base, h.delta, norm_, config_.rms_norm_eps).second;
+  return FusedAddRmsNorm(h.base, h.delta, norm_, config_.rms_norm_eps, 0, nullptr, DownGradientSpare(layers_.size()))
+      .second;
 }
 
 void LlamaModel::RefreshLoraCopies() const {

@@ -188,6 +188,12 @@ class LlamaModel {
   // x: the normalised layer input; x_recipe: how it was made (ForwardGroup).
   torch::Tensor Attention(const DecoderLayer& layer, const torch::Tensor& x, const InputRecipe& x_recipe,
                           const AttentionInputs& in) const;
+  // The spare columns the norm after layer `index - 1` leaves in the gradient
+  // of that layer's down output (LinearGroup::gradient_spare_columns); 0 for
+  // index 0.
+  int64_t DownGradientSpare(size_t index) const {
+    return index > 0 ? layers_[index - 1].down.gradient_spare_columns() : 0;
+  }
 
   ModelConfig config_;
   torch::Tensor embed_tokens_;  // (V, H)

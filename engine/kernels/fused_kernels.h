@@ -54,15 +54,16 @@ enum class DType { kFloat32, kFloat16, kBFloat16 };
 //   dweight = sum over rows of dy * T(x * rstd)
 //   dy:    (rows, hidden) dtype, rows dy_stride >= hidden elements apart
 //   x:     (rows, hidden) dtype, dense; weight: (hidden); rstd: (rows) float32
-//   dx:    (rows, hidden) dtype, dense
+//   dx:    (rows, hidden) dtype, rows dx_stride >= hidden elements apart
+//          (the columns in between are not written)
 //   dweight: (hidden) float32, or nullptr when the weight needs no gradient;
 //            then `workspace` (RmsNormBackwardWorkspaceBytes) must be given.
 //            Summed per block into the workspace, then over blocks in a fixed
 //            order by a second kernel: no atomics, the same bits every run.
 [[nodiscard]] std::string RmsNormBackward(const void* dy, int64_t dy_stride, const void* x, const void* weight,
-                                          const float* rstd, void* dx, float* dweight, void* workspace,
-                                          size_t workspace_bytes, int64_t rows, int64_t hidden, DType dtype,
-                                          void* stream);
+                                          const float* rstd, void* dx, int64_t dx_stride, float* dweight,
+                                          void* workspace, size_t workspace_bytes, int64_t rows, int64_t hidden,
+                                          DType dtype, void* stream);
 
 // RMSNorm of a residual sum, the add inside the kernel (no pass of its own):
 // sum = T(residual + delta) (one rounding, as an add in the dtype), written to
@@ -75,14 +76,17 @@ enum class DType { kFloat32, kFloat16, kBFloat16 };
 
 // The backward of AddRmsNormForward: residual and delta share one gradient,
 //   dx = T(T(RMSNorm's dx) + dsum)
-// with dsum the gradient that reaches `sum` from its other consumers (dense,
-// (rows, hidden) dtype): what autograd gives for the norm's backward followed
-// by the add of the two gradients, rounding for rounding. The other arguments
-// as RmsNormBackward, with x the saved sum.
-[[nodiscard]] std::string AddRmsNormBackward(const void* dy, int64_t dy_stride, const void* dsum, const void* sum,
-                                             const void* weight, const float* rstd, void* dx, float* dweight,
-                                             void* workspace, size_t workspace_bytes, int64_t rows, int64_t hidden,
-                                             DType dtype, void* stream);
+// with dsum the gradient that reaches `sum` from its other consumers
+// ((rows, hidden) dtype, rows dsum_stride >= hidden elements apart): what
+// autograd gives for the norm's backward followed by the add of the two
+// gradients, rounding for rounding. dx's rows are dx_stride >= hidden
+// elements apart, as RmsNormBackward's. The other arguments as
+// RmsNormBackward, with x the saved sum.
+[[nodiscard]] std::string AddRmsNormBackward(const void* dy, int64_t dy_stride, const void* dsum, int64_t dsum_stride,
+                                             const void* sum, const void* weight, const float* rstd, void* dx,
+                                             int64_t dx_stride, float* dweight, void* workspace,
+                                             size_t workspace_bytes, int64_t rows, int64_t hidden, DType dtype,
+                                             void* stream);
 
 // ---- SwiGLU ----------------------------------------------------------------
 // Over (rows, cols) matrices of one dtype whose rows are a stride (in
@@ -116,6 +120,24 @@ enum class DType { kFloat32, kFloat16, kBFloat16 };
 [[nodiscard]] std::string RopeForward(const void* x, int64_t token_stride, const int64_t* position,
                                       const float* inv_freq, void* out, int64_t out_token_stride, int64_t tokens,
                                       int64_t heads, int64_t head_dim, bool inverse, DType dtype, void* stream);
+
+// Up to kMaxRopeSegments (x, out) pairs of the same tokens and head_dim in
+// one launch, each rotated as RopeForward does (rotate) or copied unchanged:
+// attention's q and k rotated and v copied, or their gradients written into
+// the columns of one q|k|v buffer. Each pair's layout as RopeForward's; no
+// output may alias any input or another output.
+struct RopeSegment {
+  const void* x = nullptr;
+  int64_t token_stride = 0;
+  void* out = nullptr;
+  int64_t out_token_stride = 0;
+  int64_t heads = 0;
+  bool rotate = true;  // false: out = x
+};
+constexpr int kMaxRopeSegments = 3;
+[[nodiscard]] std::string RopeSegments(const RopeSegment* segments, int count, const int64_t* position,
+                                       const float* inv_freq, int64_t tokens, int64_t head_dim, bool inverse,
+                                       DType dtype, void* stream);
 
 // ---- Softmax cross-entropy, in place ---------------------------------------
 // Softmax cross-entropy of each row of logits (rows, vocab), dtype T, dense:

@@ -13,6 +13,7 @@
 // so results do not vary between runs.
 #include <algorithm>
 #include <climits>
+#include <utility>
 
 #include "engine/kernels/dtype_access.cuh"
 
@@ -146,9 +147,9 @@ __global__ void __launch_bounds__(kScalarThreads)
 // partial: (gridDim.x, hidden) float32, written only when kWeightGrad.
 template <typename T, int kVecs, bool kWeightGrad>
 __global__ void __launch_bounds__(kMaxVecThreads)
-    RmsNormBackwardVec(const T* __restrict__ dy, int64_t dy_stride, const T* __restrict__ dsum, const T* __restrict__ x,
-                       const T* __restrict__ w, const float* __restrict__ rstd, T* __restrict__ dx,
-                       float* __restrict__ partial, int64_t rows, int hidden) {
+    RmsNormBackwardVec(const T* __restrict__ dy, int64_t dy_stride, const T* __restrict__ dsum, int64_t dsum_stride,
+                       const T* __restrict__ x, const T* __restrict__ w, const float* __restrict__ rstd,
+                       T* __restrict__ dx, int64_t dx_stride, float* __restrict__ partial, int64_t rows, int hidden) {
   constexpr int kN = kVecElems<T>;
   __shared__ float shared[32];
   const int nvec = hidden / kN;
@@ -173,7 +174,7 @@ __global__ void __launch_bounds__(kMaxVecThreads)
       if (v < nvec) {
         xv[k] = LoadVec(xr + v);
         dv[k] = LoadVec(dr + v);
-        if (dsum) sv[k] = LoadVec(dsum + row * hidden + v * kN);
+        if (dsum) sv[k] = LoadVec(dsum + row * dsum_stride + v * kN);
       }
     }
     const float r = rstd[row];
@@ -190,7 +191,7 @@ __global__ void __launch_bounds__(kMaxVecThreads)
       }
     }
     const float coef = r * r * r * BlockSum(dot, shared) * inv_hidden;
-    T* dxr = dx + row * hidden;
+    T* dxr = dx + row * dx_stride;
 #pragma unroll
     for (int k = 0; k < kVecs; ++k) {
       const int v = threadIdx.x + k * blockDim.x;
@@ -234,8 +235,9 @@ __global__ void __launch_bounds__(kMaxVecThreads)
 template <typename T, bool kWeightGrad>
 __global__ void __launch_bounds__(kScalarThreads)
     RmsNormBackwardScalar(const T* __restrict__ dy, int64_t dy_stride, const T* __restrict__ dsum,
-                          const T* __restrict__ x, const T* __restrict__ w, const float* __restrict__ rstd,
-                          T* __restrict__ dx, float* __restrict__ partial, int64_t rows, int hidden) {
+                          int64_t dsum_stride, const T* __restrict__ x, const T* __restrict__ w,
+                          const float* __restrict__ rstd, T* __restrict__ dx, int64_t dx_stride,
+                          float* __restrict__ partial, int64_t rows, int hidden) {
   using detail::FromFloat;
   using detail::ToFloat;
   __shared__ float shared[32];
@@ -255,11 +257,11 @@ __global__ void __launch_bounds__(kScalarThreads)
       dot += ToFloat<T>(dr[j]) * ToFloat<T>(w[j]) * ToFloat<T>(xr[j]);
     }
     const float coef = r * r * r * BlockSum(dot, shared) * inv_hidden;
-    T* dxr = dx + row * hidden;
+    T* dxr = dx + row * dx_stride;
     for (int j = threadIdx.x; j < hidden; j += blockDim.x) {
       const float xf = ToFloat<T>(xr[j]), df = ToFloat<T>(dr[j]);
       float out = r * df * ToFloat<T>(w[j]) - coef * xf;
-      if (dsum) out = RoundTo<T>(out) + ToFloat<T>(dsum[row * hidden + j]);
+      if (dsum) out = RoundTo<T>(out) + ToFloat<T>(dsum[row * dsum_stride + j]);
       dxr[j] = FromFloat<T>(out);
       if constexpr (kWeightGrad) pr[j] += df * RoundTo<T>(xf * r);
     }
@@ -328,23 +330,24 @@ std::string CheckSizes(const char* what, int64_t rows, int64_t hidden) {
 
 template <typename T, bool kWeightGrad>
 void LaunchBackward(const RowPlan& p, unsigned grid, cudaStream_t s, const T* dy, int64_t dy_stride, const T* dsum,
-                    const T* x, const T* w, const float* rstd, T* dx, float* partial, int64_t rows, int hidden) {
+                    int64_t dsum_stride, const T* x, const T* w, const float* rstd, T* dx, int64_t dx_stride,
+                    float* partial, int64_t rows, int hidden) {
   switch (p.vecs_per_thread) {
     case 1:
-      RmsNormBackwardVec<T, 1, kWeightGrad><<<grid, p.threads, 0, s>>>(dy, dy_stride, dsum, x, w, rstd, dx, partial,
-                                                                      rows, hidden);
+      RmsNormBackwardVec<T, 1, kWeightGrad><<<grid, p.threads, 0, s>>>(dy, dy_stride, dsum, dsum_stride, x, w,
+                                                                      rstd, dx, dx_stride, partial, rows, hidden);
       break;
     case 2:
-      RmsNormBackwardVec<T, 2, kWeightGrad><<<grid, p.threads, 0, s>>>(dy, dy_stride, dsum, x, w, rstd, dx, partial,
-                                                                      rows, hidden);
+      RmsNormBackwardVec<T, 2, kWeightGrad><<<grid, p.threads, 0, s>>>(dy, dy_stride, dsum, dsum_stride, x, w,
+                                                                      rstd, dx, dx_stride, partial, rows, hidden);
       break;
     case 4:
-      RmsNormBackwardVec<T, 4, kWeightGrad><<<grid, p.threads, 0, s>>>(dy, dy_stride, dsum, x, w, rstd, dx, partial,
-                                                                      rows, hidden);
+      RmsNormBackwardVec<T, 4, kWeightGrad><<<grid, p.threads, 0, s>>>(dy, dy_stride, dsum, dsum_stride, x, w,
+                                                                      rstd, dx, dx_stride, partial, rows, hidden);
       break;
     default:
-      RmsNormBackwardScalar<T, kWeightGrad><<<grid, p.threads, 0, s>>>(dy, dy_stride, dsum, x, w, rstd, dx, partial,
-                                                                       rows, hidden);
+      RmsNormBackwardScalar<T, kWeightGrad><<<grid, p.threads, 0, s>>>(dy, dy_stride, dsum, dsum_stride, x, w,
+                                                                       rstd, dx, dx_stride, partial, rows, hidden);
   }
 }
 
@@ -387,11 +390,15 @@ std::string Forward(const char* what, const void* x, const void* delta, void* su
 }
 
 // RmsNormBackward and AddRmsNormBackward (dsum null for the former).
-std::string Backward(const char* what, const void* dy, int64_t dy_stride, const void* dsum, const void* x,
-                     const void* weight, const float* rstd, void* dx, float* dweight, void* workspace,
-                     size_t workspace_bytes, int64_t rows, int64_t hidden, DType dtype, void* stream) {
+std::string Backward(const char* what, const void* dy, int64_t dy_stride, const void* dsum, int64_t dsum_stride,
+                     const void* x, const void* weight, const float* rstd, void* dx, int64_t dx_stride,
+                     float* dweight, void* workspace, size_t workspace_bytes, int64_t rows, int64_t hidden,
+                     DType dtype, void* stream) {
   if (std::string e = CheckSizes(what, rows, hidden); !e.empty()) return e;
-  if (dy_stride < hidden) return std::string(what) + ": dy_stride " + std::to_string(dy_stride) + " < hidden";
+  for (const auto& [name, stride] : {std::pair<const char*, int64_t>{"dy_stride", dy_stride},
+                                     {"dsum_stride", dsum_stride}, {"dx_stride", dx_stride}}) {
+    if (stride < hidden) return std::string(what) + ": " + name + " " + std::to_string(stride) + " < hidden";
+  }
   const cudaStream_t s = AsStream(stream);
   if (rows == 0) {
     if (dweight && cudaMemsetAsync(dweight, 0, hidden * sizeof(float), s) != cudaSuccess) {
@@ -415,14 +422,17 @@ std::string Backward(const char* what, const void* dy, int64_t dy_stride, const 
     const int h = static_cast<int>(hidden);
     const RowPlan p = PlanRow(hidden, kVecElems<T>,
                               Aligned16(dy) && dy_stride % kVecElems<T> == 0 && Aligned16(x) && Aligned16(weight) &&
-                                  Aligned16(dx) && (!dsum || Aligned16(dsum)));
+                                  Aligned16(dx) && dx_stride % kVecElems<T> == 0 &&
+                                  (!dsum || (Aligned16(dsum) && dsum_stride % kVecElems<T> == 0)));
     if (!dweight) {
-      LaunchBackward<T, false>(p, GridFor(rows), s, dyp, dy_stride, dsp, xp, wp, rstd, dxp, nullptr, rows, h);
+      LaunchBackward<T, false>(p, GridFor(rows), s, dyp, dy_stride, dsp, dsum_stride, xp, wp, rstd, dxp, dx_stride,
+                               nullptr, rows, h);
       return LaunchError(what);
     }
     const int blocks = static_cast<int>(WeightGradBlocks(rows));
     float* partial = static_cast<float*>(workspace);
-    LaunchBackward<T, true>(p, blocks, s, dyp, dy_stride, dsp, xp, wp, rstd, dxp, partial, rows, h);
+    LaunchBackward<T, true>(p, blocks, s, dyp, dy_stride, dsp, dsum_stride, xp, wp, rstd, dxp, dx_stride, partial,
+                            rows, h);
     if (std::string e = LaunchError(what); !e.empty()) return e;
     SumPartialRows<<<GridFor((hidden + 31) / 32), dim3(32, 8), 0, s>>>(partial, blocks, h, dweight);
     return LaunchError((std::string(what) + " (dweight sum)").c_str());
@@ -450,18 +460,19 @@ size_t RmsNormBackwardWorkspaceBytes(int64_t rows, int64_t hidden) {
 }
 
 std::string RmsNormBackward(const void* dy, int64_t dy_stride, const void* x, const void* weight, const float* rstd,
-                            void* dx, float* dweight, void* workspace, size_t workspace_bytes, int64_t rows,
-                            int64_t hidden, DType dtype, void* stream) {
-  return Backward("RmsNormBackward", dy, dy_stride, nullptr, x, weight, rstd, dx, dweight, workspace, workspace_bytes,
-                  rows, hidden, dtype, stream);
+                            void* dx, int64_t dx_stride, float* dweight, void* workspace, size_t workspace_bytes,
+                            int64_t rows, int64_t hidden, DType dtype, void* stream) {
+  return Backward("RmsNormBackward", dy, dy_stride, nullptr, hidden, x, weight, rstd, dx, dx_stride, dweight,
+                  workspace, workspace_bytes, rows, hidden, dtype, stream);
 }
 
-std::string AddRmsNormBackward(const void* dy, int64_t dy_stride, const void* dsum, const void* sum,
-                               const void* weight, const float* rstd, void* dx, float* dweight, void* workspace,
-                               size_t workspace_bytes, int64_t rows, int64_t hidden, DType dtype, void* stream) {
+std::string AddRmsNormBackward(const void* dy, int64_t dy_stride, const void* dsum, int64_t dsum_stride,
+                               const void* sum, const void* weight, const float* rstd, void* dx, int64_t dx_stride,
+                               float* dweight, void* workspace, size_t workspace_bytes, int64_t rows, int64_t hidden,
+                               DType dtype, void* stream) {
   if (rows > 0 && !dsum) return "AddRmsNormBackward: a null pointer";
-  return Backward("AddRmsNormBackward", dy, dy_stride, dsum, sum, weight, rstd, dx, dweight, workspace,
-                  workspace_bytes, rows, hidden, dtype, stream);
+  return Backward("AddRmsNormBackward", dy, dy_stride, dsum, dsum_stride, sum, weight, rstd, dx, dx_stride, dweight,
+                  workspace, workspace_bytes, rows, hidden, dtype, stream);
 }
 
 }  // namespace trainerd::kernels

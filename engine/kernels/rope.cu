@@ -2,10 +2,11 @@
 //
 // One block per token (grid-strided beyond 2^31 - 1 tokens): the block first
 // computes the token's d/2 (cos, sin) pairs into shared memory, rounded to
-// the dtype as transformers' cos/sin tables are, then every head of the token
-// reads them, so cosf/sinf run once per (token, frequency) rather than once per
-// head. A thread rotates kN pairs (i, i + d/2) of one head: 16-byte vectors
-// when both halves, the token stride and the pointers allow, else scalars.
+// the dtype as transformers' cos/sin tables are, then every head of the token,
+// in every segment of the launch (q, k and v), reads them, so cosf/sinf run
+// once per (token, frequency) rather than once per head. A thread rotates (or
+// copies) kN pairs (i, i + d/2) of one head: 16-byte vectors when both halves,
+// every token stride and every pointer allow, else scalars.
 //
 // The angles need accurate cosf/sinf: with --use_fast_math nvcc turns them
 // into sin.approx/cos.approx, whose error grows with the angle (positions in
@@ -26,18 +27,29 @@ using namespace detail;  // NOLINT(build/namespaces)
 constexpr int kThreads = 128;
 constexpr int64_t kMaxHeadDim = 8192;  // 2 * d/2 floats of shared memory: 32 KiB
 
+// The segments of one launch, by value in the kernel's parameters: heads
+// numbered across them in order (segment 0's, then 1's, ...).
+template <typename T>
+struct Segments {
+  const T* x[kMaxRopeSegments];
+  T* out[kMaxRopeSegments];
+  int64_t token_stride[kMaxRopeSegments], out_token_stride[kMaxRopeSegments];
+  int first_head[kMaxRopeSegments + 1];  // segment s: heads [first_head[s], first_head[s + 1])
+  bool rotate[kMaxRopeSegments];
+  int count;
+};
+
 // sin_sign: +1 forward, -1 for the transposed rotation (the backward).
 template <typename T, int kN>
 __global__ void __launch_bounds__(kThreads)
-    RopeKernel(const T* __restrict__ x, int64_t token_stride, const int64_t* __restrict__ position,
-               const float* __restrict__ inv_freq, T* __restrict__ out, int64_t out_token_stride, int64_t tokens,
-               int heads, int head_dim, float sin_sign) {
+    RopeKernel(const Segments<T> seg, const int64_t* __restrict__ position, const float* __restrict__ inv_freq,
+               int64_t tokens, int head_dim, float sin_sign) {
   extern __shared__ float table[];  // cos[0, half), then sin[0, half), dtype-rounded
   const int half = head_dim / 2;
   float* cos_t = table;
   float* sin_t = table + half;
   const int per_head = half / kN;  // thread items per head
-  const int items = heads * per_head;
+  const int items = seg.first_head[seg.count] * per_head;
   for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
     __syncthreads();  // the previous token's readers are done with the table
     const float p = static_cast<float>(position[t]);  // as position_ids.float()
@@ -47,63 +59,109 @@ __global__ void __launch_bounds__(kThreads)
       sin_t[i] = sin_sign * RoundTo<T>(sinf(f));
     }
     __syncthreads();
-    const T* xt = x + t * token_stride;
-    T* ot = out + t * out_token_stride;
     for (int item = threadIdx.x; item < items; item += blockDim.x) {
-      const int h = item / per_head;
+      int h = item / per_head;
       const int i0 = (item - h * per_head) * kN;
+      int s = 0;
+      while (s + 1 < seg.count && h >= seg.first_head[s + 1]) ++s;
+      h -= seg.first_head[s];
       const int lo = h * head_dim + i0;
-      float a[kN], b[kN], ra[kN], rb[kN];
+      const T* xt = seg.x[s] + t * seg.token_stride[s];
+      T* ot = seg.out[s] + t * seg.out_token_stride[s];
+      float a[kN], b[kN];
       LoadFloats<T, kN>(xt + lo, a);         // first half: x_i
       LoadFloats<T, kN>(xt + lo + half, b);  // second half: x_{i + d/2}
+      if (seg.rotate[s]) {
+        float ra[kN], rb[kN];
 #pragma unroll
-      for (int e = 0; e < kN; ++e) {
-        const float c = cos_t[i0 + e], s = sin_t[i0 + e];
-        ra[e] = a[e] * c - b[e] * s;  // rotate_half(x)_i = -x_{i + d/2}
-        rb[e] = b[e] * c + a[e] * s;  // rotate_half(x)_{i + d/2} = x_i
+        for (int e = 0; e < kN; ++e) {
+          const float c = cos_t[i0 + e], sn = sin_t[i0 + e];
+          ra[e] = a[e] * c - b[e] * sn;  // rotate_half(x)_i = -x_{i + d/2}
+          rb[e] = b[e] * c + a[e] * sn;  // rotate_half(x)_{i + d/2} = x_i
+        }
+        StoreFloats<T, kN>(ot + lo, ra);
+        StoreFloats<T, kN>(ot + lo + half, rb);
+      } else {  // a copy: the dtype's values round-trip through float32 exactly
+        StoreFloats<T, kN>(ot + lo, a);
+        StoreFloats<T, kN>(ot + lo + half, b);
       }
-      StoreFloats<T, kN>(ot + lo, ra);
-      StoreFloats<T, kN>(ot + lo + half, rb);
     }
   }
 }
 
-}  // namespace
-
-std::string RopeForward(const void* x, int64_t token_stride, const int64_t* position, const float* inv_freq,
-                        void* out, int64_t out_token_stride, int64_t tokens, int64_t heads, int64_t head_dim,
-                        bool inverse, DType dtype, void* stream) {
-  if (tokens < 0 || heads <= 0 || head_dim <= 0 || head_dim % 2 != 0 || head_dim > kMaxHeadDim ||
-      heads * head_dim > INT_MAX / 2 || token_stride < heads * head_dim || out_token_stride < heads * head_dim) {
-    return "RopeForward: bad sizes tokens=" + std::to_string(tokens) + " heads=" + std::to_string(heads) +
-           " head_dim=" + std::to_string(head_dim) + " (even, at most " + std::to_string(kMaxHeadDim) +
-           ") token_stride=" + std::to_string(token_stride) + " out_token_stride=" +
-           std::to_string(out_token_stride) + " (each at least heads * head_dim)";
+// RopeSegments and RopeForward, whose messages start with `what`.
+std::string Launch(const std::string& what, const RopeSegment* segments, int count, const int64_t* position,
+                   const float* inv_freq, int64_t tokens, int64_t head_dim, bool inverse, DType dtype, void* stream) {
+  if (count < 1 || count > kMaxRopeSegments || !segments) {
+    return what + ": " + std::to_string(count) + " segments (1 to " + std::to_string(kMaxRopeSegments) + ")";
   }
+  if (tokens < 0 || head_dim <= 0 || head_dim % 2 != 0 || head_dim > kMaxHeadDim) {
+    return what + ": bad sizes tokens=" + std::to_string(tokens) + " head_dim=" + std::to_string(head_dim) +
+           " (even, at most " + std::to_string(kMaxHeadDim) + ")";
+  }
+  int64_t heads = 0;
+  for (int i = 0; i < count; ++i) {
+    const RopeSegment& g = segments[i];
+    if (g.heads <= 0 || g.token_stride < g.heads * head_dim || g.out_token_stride < g.heads * head_dim) {
+      return what + ": segment " + std::to_string(i) + ": bad sizes heads=" + std::to_string(g.heads) +
+             " token_stride=" + std::to_string(g.token_stride) + " out_token_stride=" +
+             std::to_string(g.out_token_stride) + " (each at least heads * head_dim = " +
+             std::to_string(g.heads * head_dim) + ")";
+    }
+    heads += g.heads;
+  }
+  if (heads * head_dim > INT_MAX / 2) return what + ": " + std::to_string(heads) + " heads are too many";
   if (tokens == 0) return {};
-  if (!x || !position || !inv_freq || !out) return "RopeForward: a null pointer";
+  if (!position || !inv_freq) return what + ": a null pointer";
+  for (int i = 0; i < count; ++i) {
+    if (!segments[i].x || !segments[i].out) return what + ": a null pointer in segment " + std::to_string(i);
+  }
   return DispatchDType(dtype, [&](auto tag) -> std::string {
     using T = decltype(tag);
     constexpr int kN = kVecElems<T>;
     const int half = static_cast<int>(head_dim / 2);
+    Segments<T> seg{};
+    seg.count = count;
+    // Vectors need every half-row start 16-byte aligned: half, every token
+    // stride (elements) and every base pointer.
+    bool vectors = half % kN == 0;
+    for (int i = 0; i < count; ++i) {
+      const RopeSegment& g = segments[i];
+      seg.x[i] = static_cast<const T*>(g.x);
+      seg.out[i] = static_cast<T*>(g.out);
+      seg.token_stride[i] = g.token_stride;
+      seg.out_token_stride[i] = g.out_token_stride;
+      seg.first_head[i + 1] = seg.first_head[i] + static_cast<int>(g.heads);
+      seg.rotate[i] = g.rotate;
+      vectors = vectors && g.token_stride % kN == 0 && g.out_token_stride % kN == 0 && Aligned16(g.x) &&
+                Aligned16(g.out);
+    }
     const unsigned grid = static_cast<unsigned>(std::min<int64_t>(tokens, INT_MAX));
     const size_t shared = 2 * half * sizeof(float);
     const float sign = inverse ? -1.f : 1.f;
-    const T* xp = static_cast<const T*>(x);
-    T* op = static_cast<T*>(out);
-    const int h = static_cast<int>(heads), d = static_cast<int>(head_dim);
+    const int d = static_cast<int>(head_dim);
     const cudaStream_t s = AsStream(stream);
-    // Vectors need every half-row start 16-byte aligned: half, both token
-    // strides (elements) and both base pointers.
-    if (half % kN == 0 && token_stride % kN == 0 && out_token_stride % kN == 0 && Aligned16(x) && Aligned16(out)) {
-      RopeKernel<T, kN><<<grid, kThreads, shared, s>>>(xp, token_stride, position, inv_freq, op, out_token_stride,
-                                                       tokens, h, d, sign);
+    if (vectors) {
+      RopeKernel<T, kN><<<grid, kThreads, shared, s>>>(seg, position, inv_freq, tokens, d, sign);
     } else {
-      RopeKernel<T, 1><<<grid, kThreads, shared, s>>>(xp, token_stride, position, inv_freq, op, out_token_stride,
-                                                      tokens, h, d, sign);
+      RopeKernel<T, 1><<<grid, kThreads, shared, s>>>(seg, position, inv_freq, tokens, d, sign);
     }
-    return LaunchError("RopeForward");
+    return LaunchError(what.c_str());
   });
+}
+
+}  // namespace
+
+std::string RopeSegments(const RopeSegment* segments, int count, const int64_t* position, const float* inv_freq,
+                         int64_t tokens, int64_t head_dim, bool inverse, DType dtype, void* stream) {
+  return Launch("RopeSegments", segments, count, position, inv_freq, tokens, head_dim, inverse, dtype, stream);
+}
+
+std::string RopeForward(const void* x, int64_t token_stride, const int64_t* position, const float* inv_freq,
+                        void* out, int64_t out_token_stride, int64_t tokens, int64_t heads, int64_t head_dim,
+                        bool inverse, DType dtype, void* stream) {
+  const RopeSegment one{x, token_stride, out, out_token_stride, heads, /*rotate=*/true};
+  return Launch("RopeForward", &one, 1, position, inv_freq, tokens, head_dim, inverse, dtype, stream);
 }
 
 }  // namespace trainerd::kernels

@@ -486,6 +486,9 @@ TEST_F(FusedOpsCudaTest, RmsNormMatchesFloat64Reference) {
 // The residual add inside the norm's kernels (FusedAddRmsNorm) gives the bits
 // of the add followed by the fused RMSNorm, forward and backward, whichever
 // outputs get a gradient: both (a decoder layer's norms), y alone, sum alone.
+// With gradient spare columns (H 4096) the gradient it hands back has rows
+// that much wider whenever y got a gradient; the sum's incoming gradient
+// comes in wider rows too (read in place).
 TEST_F(FusedOpsCudaTest, AddRmsNormIsTheAddThenTheNormBitForBit) {
   enum Used { kBoth, kNormOnly, kSumOnly };
   for (auto dtype : dtypes_) {
@@ -493,21 +496,23 @@ TEST_F(FusedOpsCudaTest, AddRmsNormIsTheAddThenTheNormBitForBit) {
       for (int64_t rows : {int64_t{7}, int64_t{1030}}) {
         for (Used used : {kBoth, kNormOnly, kSumOnly}) {
           const bool weight_grad = rows != 7;
-          const int64_t spare = hidden == 4096 ? 24 : 0;
+          const int64_t spare = hidden == 4096 ? 24 : 0, gradient_spare = hidden == 4096 ? 16 : 0;
           const std::string what = DTypeName(dtype) + " rows=" + std::to_string(rows) + " H=" +
                                    std::to_string(hidden) + " used=" + std::to_string(used);
           const torch::Tensor r0 = Random({1, rows, hidden}, dtype, cuda_, 2.0, 0.5);
           const torch::Tensor d0 = Random({1, rows, hidden}, dtype, cuda_, 0.5);
           const torch::Tensor w0 = Random({hidden}, dtype, cuda_, 0.2, 1.0);
-          const torch::Tensor gs = Random({1, rows, hidden}, dtype, cuda_);
+          const torch::Tensor gs = Random({1, rows, hidden + 8}, dtype, cuda_).narrow(2, 0, hidden);
           const torch::Tensor gy = Random({1, rows, hidden}, dtype, cuda_);
           std::vector<torch::Tensor> sums, ys, grads;
+          torch::Tensor handed;  // the gradient the fused node gives delta
           for (bool fused : {true, false}) {
             torch::Tensor r = r0.clone().requires_grad_(), d = d0.clone().requires_grad_();
             torch::Tensor w = w0.clone().requires_grad_(weight_grad);
             torch::Tensor sum, y;
             if (fused) {
-              std::tie(sum, y) = FusedAddRmsNorm(r, d, w, kEps, spare);
+              d.register_hook([&handed](const torch::Tensor& g) { handed = g; });
+              std::tie(sum, y) = FusedAddRmsNorm(r, d, w, kEps, spare, nullptr, gradient_spare);
             } else {
               sum = r + d;
               y = FusedRmsNorm(sum, w, kEps, spare);
@@ -527,6 +532,8 @@ TEST_F(FusedOpsCudaTest, AddRmsNormIsTheAddThenTheNormBitForBit) {
             grads.insert(grads.end(), {r.grad(), d.grad(), weight_grad ? w.grad() : torch::Tensor()});
           }
           EXPECT_EQ(ys[0].stride(1), hidden + spare) << what;
+          ASSERT_TRUE(handed.defined()) << what;
+          EXPECT_EQ(handed.stride(1), used == kSumOnly ? hidden + 8 : hidden + gradient_spare) << what;
           EXPECT_TRUE(torch::equal(sums[0], sums[1])) << what << ": sum";
           EXPECT_TRUE(torch::equal(ys[0], ys[1])) << what << ": y";
           EXPECT_TRUE(torch::equal(grads[0], grads[3])) << what << ": residual's gradient";
@@ -669,58 +676,61 @@ TEST_F(FusedOpsCudaTest, RopeMatchesFloat64Reference) {
 // and backward, to the bit; its input gradients are the columns of one
 // (tokens, width) buffer in q|k|v order (what lets the q|k|v group skip its
 // concatenation). Gradients for all three outputs, and for some only (the
-// missing ones zero).
+// missing ones zero). The projection's rows one element wider (odd strides):
+// the kernel's scalar path.
 TEST_F(FusedOpsCudaTest, QkvRopeIsTheRopesAndACopyOfVBitForBit) {
   const int64_t tokens = Quick() ? 300 : 2048, heads = 8, kv_heads = 2, d = 128;
   const int64_t width = (heads + 2 * kv_heads) * d;
   const torch::Tensor pos = Positions(tokens, 0, cuda_), inv = InvFreq(d, cuda_);
   const int64_t widths[3] = {heads * d, kv_heads * d, kv_heads * d};
   for (auto dtype : dtypes_) {
-    const torch::Tensor wide0 = Random({tokens, width}, dtype, cuda_);
-    const std::array<torch::Tensor, 3> g = {Random({tokens, heads, d}, dtype, cuda_),
-                                            Random({tokens, kv_heads, d}, dtype, cuda_),
-                                            Random({tokens, kv_heads, d}, dtype, cuda_)};
-    auto split = [&](const torch::Tensor& w) {
-      std::array<torch::Tensor, 3> parts;
-      int64_t column = 0;
-      for (size_t i = 0; i < 3; ++i) {
-        parts[i] = w.narrow(1, column, widths[i]).view({tokens, widths[i] / d, d});
-        column += widths[i];
-      }
-      return parts;
-    };
-    for (const std::array<bool, 3>& used : {std::array<bool, 3>{true, true, true}, {true, false, true},
-                                           {false, true, false}}) {
-      const std::string what =
-          DTypeName(dtype) + " used " + std::to_string(used[0]) + std::to_string(used[1]) + std::to_string(used[2]);
-      torch::Tensor wa = wide0.clone().requires_grad_(), wb = wide0.clone().requires_grad_();
-      const std::array<torch::Tensor, 3> a = split(wa), b = split(wb);
-      std::array<torch::Tensor, 3> seen;  // the gradients the node hands back
-      for (size_t i = 0; i < 3; ++i) {
-        a[i].register_hook([&seen, i](torch::Tensor grad) { seen[i] = grad; });
-      }
-      const std::array<torch::Tensor, 3> oa = FusedQkvRope(a[0], a[1], a[2], pos, inv);
-      const std::array<torch::Tensor, 3> ob = {FusedRope(b[0], pos, inv), FusedRope(b[1], pos, inv),
-                                               b[2].contiguous()};
-      std::vector<torch::Tensor> outs_a, outs_b, grads;
-      for (size_t i = 0; i < 3; ++i) {
-        EXPECT_TRUE(torch::equal(oa[i], ob[i])) << what << " output " << i;
-        if (!used[i]) continue;
-        outs_a.push_back(oa[i]);
-        outs_b.push_back(ob[i]);
-        grads.push_back(g[i]);
-      }
-      torch::autograd::backward(outs_a, grads);
-      torch::autograd::backward(outs_b, grads);
-      EXPECT_TRUE(torch::equal(wa.grad(), wb.grad())) << what;
-      // One buffer, columns in order, rows `width` apart.
-      int64_t column = 0;
-      for (size_t i = 0; i < 3; ++i) {
-        ASSERT_TRUE(seen[i].defined()) << what << " gradient " << i;
-        EXPECT_TRUE(seen[i].storage().is_alias_of(seen[0].storage())) << what << " gradient " << i;
-        EXPECT_EQ(seen[i].storage_offset(), seen[0].storage_offset() + column) << what << " gradient " << i;
-        EXPECT_EQ(seen[i].stride(0), width) << what << " gradient " << i;
-        column += widths[i];
+    for (int64_t pad : {0, 1}) {
+      const torch::Tensor wide0 = Random({tokens, width + pad}, dtype, cuda_);
+      const std::array<torch::Tensor, 3> g = {Random({tokens, heads, d}, dtype, cuda_),
+                                              Random({tokens, kv_heads, d}, dtype, cuda_),
+                                              Random({tokens, kv_heads, d}, dtype, cuda_)};
+      auto split = [&](const torch::Tensor& w) {
+        std::array<torch::Tensor, 3> parts;
+        int64_t column = pad;
+        for (size_t i = 0; i < 3; ++i) {
+          parts[i] = w.narrow(1, column, widths[i]).view({tokens, widths[i] / d, d});
+          column += widths[i];
+        }
+        return parts;
+      };
+      for (const std::array<bool, 3>& used : {std::array<bool, 3>{true, true, true}, {true, false, true},
+                                             {false, true, false}}) {
+        const std::string what = DTypeName(dtype) + " pad " + std::to_string(pad) + " used " +
+                                 std::to_string(used[0]) + std::to_string(used[1]) + std::to_string(used[2]);
+        torch::Tensor wa = wide0.clone().requires_grad_(), wb = wide0.clone().requires_grad_();
+        const std::array<torch::Tensor, 3> a = split(wa), b = split(wb);
+        std::array<torch::Tensor, 3> seen;  // the gradients the node hands back
+        for (size_t i = 0; i < 3; ++i) {
+          a[i].register_hook([&seen, i](torch::Tensor grad) { seen[i] = grad; });
+        }
+        const std::array<torch::Tensor, 3> oa = FusedQkvRope(a[0], a[1], a[2], pos, inv);
+        const std::array<torch::Tensor, 3> ob = {FusedRope(b[0], pos, inv), FusedRope(b[1], pos, inv),
+                                                 b[2].contiguous()};
+        std::vector<torch::Tensor> outs_a, outs_b, grads;
+        for (size_t i = 0; i < 3; ++i) {
+          EXPECT_TRUE(torch::equal(oa[i], ob[i])) << what << " output " << i;
+          if (!used[i]) continue;
+          outs_a.push_back(oa[i]);
+          outs_b.push_back(ob[i]);
+          grads.push_back(g[i]);
+        }
+        torch::autograd::backward(outs_a, grads);
+        torch::autograd::backward(outs_b, grads);
+        EXPECT_TRUE(torch::equal(wa.grad(), wb.grad())) << what;
+        // One buffer, columns in order, rows `width` apart.
+        int64_t column = 0;
+        for (size_t i = 0; i < 3; ++i) {
+          ASSERT_TRUE(seen[i].defined()) << what << " gradient " << i;
+          EXPECT_TRUE(seen[i].storage().is_alias_of(seen[0].storage())) << what << " gradient " << i;
+          EXPECT_EQ(seen[i].storage_offset(), seen[0].storage_offset() + column) << what << " gradient " << i;
+          EXPECT_EQ(seen[i].stride(0), width) << what << " gradient " << i;
+          column += widths[i];
+        }
       }
     }
   }
@@ -873,8 +883,8 @@ TEST_F(FusedOpsCudaTest, LaunchersWriteEveryElement) {
           torch::Tensor dx = poisoned({rows, hidden}, o), dw = poisoned({hidden}, of);
           torch::Tensor scratch = poisoned({static_cast<int64_t>(bytes / sizeof(float))}, of);
           ASSERT_EQ(k::RmsNormBackward(dy.data_ptr(), hidden, x.data_ptr(), w.data_ptr(), rstd.data_ptr<float>(),
-                                       dx.data_ptr(), dw.data_ptr<float>(), scratch.data_ptr(), bytes, rows, hidden,
-                                       kdtype(dtype), stream), "");
+                                       dx.data_ptr(), hidden, dw.data_ptr<float>(), scratch.data_ptr(), bytes, rows,
+                                       hidden, kdtype(dtype), stream), "");
           EXPECT_TRUE(AllFinite(dx) && AllFinite(dw)) << what;
           dws.push_back(dw);
         }
@@ -890,9 +900,9 @@ TEST_F(FusedOpsCudaTest, LaunchersWriteEveryElement) {
         EXPECT_TRUE(torch::equal(y2, FusedRmsNorm(x + dy, w, kEps))) << what;
         torch::Tensor dx = poisoned({rows, hidden}, o), dw = poisoned({hidden}, of);
         torch::Tensor scratch = poisoned({static_cast<int64_t>(bytes / sizeof(float))}, of);
-        ASSERT_EQ(k::AddRmsNormBackward(dy.data_ptr(), hidden, dy.data_ptr(), sum.data_ptr(), w.data_ptr(),
-                                        rstd.data_ptr<float>(), dx.data_ptr(), dw.data_ptr<float>(), scratch.data_ptr(),
-                                        bytes, rows, hidden, kdtype(dtype), stream), "");
+        ASSERT_EQ(k::AddRmsNormBackward(dy.data_ptr(), hidden, dy.data_ptr(), hidden, sum.data_ptr(), w.data_ptr(),
+                                        rstd.data_ptr<float>(), dx.data_ptr(), hidden, dw.data_ptr<float>(),
+                                        scratch.data_ptr(), bytes, rows, hidden, kdtype(dtype), stream), "");
         EXPECT_TRUE(AllFinite(dx) && AllFinite(dw)) << what;
       }
     }

@@ -154,6 +154,29 @@ class WideRowsFunction : public torch::autograd::Function<WideRowsFunction> {
   }
 };
 
+// Identity whose backward hands on its output gradient as the left part of
+// rows `spare` elements wider, NaN in the spare columns, as the norm after a
+// down projection does (FusedAddRmsNorm's gradient_spare_columns); the rows'
+// buffer goes to *rows, so that a test can see what was written there.
+class WideGradientRowsFunction : public torch::autograd::Function<WideGradientRowsFunction> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& y, int64_t spare,
+                               torch::Tensor* rows) {
+    ctx->saved_data["spare"] = spare;
+    ctx->saved_data["rows"] = reinterpret_cast<int64_t>(rows);
+    return y.clone();
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const torch::Tensor g = grads[0].reshape({-1, grads[0].size(-1)});
+    auto* rows = reinterpret_cast<torch::Tensor*>(ctx->saved_data["rows"].toInt());
+    *rows = torch::full({g.size(0), g.size(1) + ctx->saved_data["spare"].toInt()}, NAN, g.options());
+    torch::Tensor left = rows->narrow(1, 0, g.size(1));
+    left.copy_(g);
+    return {left.view(grads[0].sizes()), torch::Tensor(), torch::Tensor()};
+  }
+};
+
 // The widened group node (engine/linear_group.h) gives each layer's Forward
 // outputs and the same gradients for the input and every LoRA matrix: a
 // q|k|v-like group with a bias on one layer and no LoRA on another; an input
@@ -275,12 +298,18 @@ struct OneLayerGroup {
   // The output, input gradient and adapter gradients of the layer alone or
   // as the group, for a loss weighing each output column differently; sets
   // *dense_input_gradient to whether the input's gradient came dense.
-  std::vector<torch::Tensor> Run(const torch::Tensor& x0, bool grouped, bool* dense_input_gradient = nullptr) {
+  // gradient_rows: when given, y's gradient reaches the layer as the left
+  // part of rows with the group's gradient_spare_columns (WideGradientRowsFunction).
+  std::vector<torch::Tensor> Run(const torch::Tensor& x0, bool grouped, bool* dense_input_gradient = nullptr,
+                                 torch::Tensor* gradient_rows = nullptr) {
     torch::Tensor x = x0.clone().requires_grad_();
     if (dense_input_gradient != nullptr) {
       x.register_hook([dense_input_gradient](const torch::Tensor& g) { *dense_input_gradient = g.is_contiguous(); });
     }
-    const torch::Tensor y = grouped ? engine::ForwardGroup(group, {&widened}, x, true)[0] : layer.Forward(x, true);
+    torch::Tensor y = grouped ? engine::ForwardGroup(group, {&widened}, x, true)[0] : layer.Forward(x, true);
+    if (gradient_rows != nullptr) {
+      y = WideGradientRowsFunction::apply(y, group.gradient_spare_columns(), gradient_rows);
+    }
     layer.lora->a.mutable_grad() = torch::Tensor();
     layer.lora->b.mutable_grad() = torch::Tensor();
     const auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(TorchTestDevice());
@@ -298,15 +327,25 @@ void ExpectSameTensors(const std::vector<torch::Tensor>& got, const std::vector<
 
 // A group whose input is wider than its output (down) keeps its A's in rows
 // below the weights and takes u A inside the input gradient's GEMM: the same
-// gradients as the layer on its own.
+// gradients as the layer on its own; also when its output gradient comes in
+// rows with room for u (gradient_spare_columns), which it then fills in
+// place: u and the padding's zeros replace the NaNs there.
 TEST(LinearGroup, WiderInputTakesTheLoraTermInItsGemm) {
   torch::manual_seed(7);
   OneLayerGroup g(8, 40, 3, 1.5);
   EXPECT_EQ(g.group.a_rows, 8);  // rank 3, padded
   EXPECT_EQ(g.group.widened.size(0), 16);
+  EXPECT_EQ(g.group.gradient_spare_columns(), 8);
   const auto opts = torch::TensorOptions().dtype(TorchTestDtype()).device(TorchTestDevice());
   const torch::Tensor x = torch::randn({5, 40}, opts);
-  ExpectSameTensors(g.Run(x, true), g.Run(x, false));
+  const std::vector<torch::Tensor> plain = g.Run(x, false);
+  ExpectSameTensors(g.Run(x, true), plain);
+  torch::Tensor rows;
+  ExpectSameTensors(g.Run(x, true, nullptr, &rows), plain);
+  ASSERT_TRUE(rows.defined());
+  EXPECT_EQ(rows.sizes(), (std::vector<int64_t>{5, 16}));
+  EXPECT_FALSE(rows.isnan().any().item<bool>()) << "the spare columns were not written in place";
+  EXPECT_TRUE(torch::equal(rows.narrow(1, 11, 5), torch::zeros({5, 5}, opts))) << "the padding";
 }
 
 // Whether the (only) tensor that holds x's storage lets it go: false while
