@@ -39,6 +39,17 @@ struct Segments {
   int count;
 };
 
+// kN elements from src to dst unchanged: one 16-byte vector when they fill one.
+template <typename T, int kN>
+__device__ __forceinline__ void CopyElems(const T* src, T* dst) {
+  if constexpr (kN * sizeof(T) == 16) {
+    StoreVec(dst, LoadVec(src));
+  } else {
+#pragma unroll
+    for (int e = 0; e < kN; ++e) dst[e] = src[e];
+  }
+}
+
 // sin_sign: +1 forward, -1 for the transposed rotation (the backward).
 template <typename T, int kN>
 __global__ void __launch_bounds__(kThreads)
@@ -49,7 +60,6 @@ __global__ void __launch_bounds__(kThreads)
   float* cos_t = table;
   float* sin_t = table + half;
   const int per_head = half / kN;  // thread items per head
-  const int items = seg.first_head[seg.count] * per_head;
   for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
     __syncthreads();  // the previous token's readers are done with the table
     const float p = static_cast<float>(position[t]);  // as position_ids.float()
@@ -59,31 +69,38 @@ __global__ void __launch_bounds__(kThreads)
       sin_t[i] = sin_sign * RoundTo<T>(sinf(f));
     }
     __syncthreads();
-    for (int item = threadIdx.x; item < items; item += blockDim.x) {
-      int h = item / per_head;
-      const int i0 = (item - h * per_head) * kN;
-      int s = 0;
-      while (s + 1 < seg.count && h >= seg.first_head[s + 1]) ++s;
-      h -= seg.first_head[s];
-      const int lo = h * head_dim + i0;
+    // The token's items numbered across the segments, thread j taking items
+    // j, j + blockDim.x, ...; segment by segment with constant indices (an
+    // index known only at run time would copy the parameters to local memory).
+#pragma unroll
+    for (int s = 0; s < kMaxRopeSegments; ++s) {
+      if (s >= seg.count) break;
+      const int begin = seg.first_head[s] * per_head, end = seg.first_head[s + 1] * per_head;
+      const int threads = blockDim.x;
+      const int first = begin + ((static_cast<int>(threadIdx.x) - begin) % threads + threads) % threads;
       const T* xt = seg.x[s] + t * seg.token_stride[s];
       T* ot = seg.out[s] + t * seg.out_token_stride[s];
-      float a[kN], b[kN];
-      LoadFloats<T, kN>(xt + lo, a);         // first half: x_i
-      LoadFloats<T, kN>(xt + lo + half, b);  // second half: x_{i + d/2}
-      if (seg.rotate[s]) {
-        float ra[kN], rb[kN];
+      const bool rotate = seg.rotate[s];
+      for (int item = first; item < end; item += threads) {
+        const int h = item / per_head;
+        const int i0 = (item - h * per_head) * kN;
+        const int lo = (h - seg.first_head[s]) * head_dim + i0;
+        if (rotate) {
+          float a[kN], b[kN], ra[kN], rb[kN];
+          LoadFloats<T, kN>(xt + lo, a);         // first half: x_i
+          LoadFloats<T, kN>(xt + lo + half, b);  // second half: x_{i + d/2}
 #pragma unroll
-        for (int e = 0; e < kN; ++e) {
-          const float c = cos_t[i0 + e], sn = sin_t[i0 + e];
-          ra[e] = a[e] * c - b[e] * sn;  // rotate_half(x)_i = -x_{i + d/2}
-          rb[e] = b[e] * c + a[e] * sn;  // rotate_half(x)_{i + d/2} = x_i
+          for (int e = 0; e < kN; ++e) {
+            const float c = cos_t[i0 + e], sn = sin_t[i0 + e];
+            ra[e] = a[e] * c - b[e] * sn;  // rotate_half(x)_i = -x_{i + d/2}
+            rb[e] = b[e] * c + a[e] * sn;  // rotate_half(x)_{i + d/2} = x_i
+          }
+          StoreFloats<T, kN>(ot + lo, ra);
+          StoreFloats<T, kN>(ot + lo + half, rb);
+        } else {
+          CopyElems<T, kN>(xt + lo, ot + lo);
+          CopyElems<T, kN>(xt + lo + half, ot + lo + half);
         }
-        StoreFloats<T, kN>(ot + lo, ra);
-        StoreFloats<T, kN>(ot + lo + half, rb);
-      } else {  // a copy: the dtype's values round-trip through float32 exactly
-        StoreFloats<T, kN>(ot + lo, a);
-        StoreFloats<T, kN>(ot + lo + half, b);
       }
     }
   }
