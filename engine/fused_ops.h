@@ -84,9 +84,10 @@ torch::Tensor PlainRope(const torch::Tensor& x, const torch::Tensor& position_id
 // Attention's inputs from the q, k and v projections: {FusedRope(q),
 // FusedRope(k), v's own contiguous copy}, the same values. q: (tokens, nh, d);
 // k, v: (tokens, nkv, d); any layout FusedRope takes. On the kernel path (as
-// FusedRope's, for all three) the backward writes dq, dk and dv side by side
-// into one (tokens, (nh + 2 nkv) d) buffer and hands each back as a view of
-// its columns: a q|k|v group whose outputs are the columns of one product
+// FusedRope's, for all three) one launch rotates q and k and copies v, and
+// one launch in the backward writes dq, dk and dv side by side into one
+// (tokens, (nh + 2 nkv) d) buffer and hands each back as a view of its
+// columns: a q|k|v group whose outputs are the columns of one product
 // (engine/linear_group.h) takes its output gradient as that buffer, with no
 // concatenation. v is copied so that what attention keeps for its backward
 // is not a view keeping the whole q|k|v product alive.
