@@ -987,6 +987,44 @@ TEST_F(FusedOpsCudaTest, SoftmaxCrossEntropyRowsChecksArguments) {
   EXPECT_EQ(call(nullptr, nullptr, nullptr, 0, 64), "");
   EXPECT_TRUE(torch::equal(loss, torch::zeros_like(loss)));
 }
+
+// RopeSegments refuses what it cannot do, naming itself (RopeForward, its
+// one-segment form, names itself), and writes nothing then: too few or too
+// many segments, a segment without heads or with token strides shorter than
+// its heads, an odd or oversized head_dim, a null pointer; no tokens is fine.
+TEST_F(FusedOpsCudaTest, RopeSegmentsChecksArguments) {
+  namespace k = trainerd::kernels;
+  void* stream = c10::cuda::getCurrentCUDAStream().stream();
+  const int64_t tokens = 5, d = 8;
+  const torch::Tensor x = Random({tokens, 3, d}, torch::kBFloat16, cuda_);
+  torch::Tensor out = torch::zeros({tokens, 3, d}, x.options());
+  const torch::Tensor pos = Positions(tokens, 0, cuda_), inv = InvFreq(d, cuda_);
+  const k::RopeSegment good{x.data_ptr(), 3 * d, out.data_ptr(), 3 * d, 3, true};
+  const auto call = [&](std::vector<k::RopeSegment> segments, int64_t head_dim, const int64_t* position,
+                        int64_t n = 5) {  // n: tokens
+    return k::RopeSegments(segments.data(), static_cast<int>(segments.size()), position, inv.data_ptr<float>(), n,
+                           head_dim, false, k::DType::kBFloat16, stream);
+  };
+  const int64_t* pp = pos.data_ptr<int64_t>();
+  k::RopeSegment no_heads = good, short_stride = good, short_out = good, null_x = good, null_out = good;
+  no_heads.heads = 0;
+  short_stride.token_stride = 3 * d - 1;
+  short_out.out_token_stride = 2 * d;
+  null_x.x = nullptr;
+  null_out.out = nullptr;
+  for (const std::string& e :
+       {call({}, d, pp), call({good, good, good, good}, d, pp), call({good, no_heads}, d, pp),
+        call({short_stride}, d, pp), call({good, short_out}, d, pp), call({good}, 7, pp), call({good}, 0, pp),
+        call({good}, 8194, pp), call({good, null_x}, d, pp), call({null_out}, d, pp), call({good}, d, nullptr),
+        call({good}, d, pp, -1)}) {
+    EXPECT_EQ(e.rfind("RopeSegments: ", 0), 0u) << e;
+  }
+  EXPECT_EQ(call({null_x}, d, nullptr, 0), "");
+  const std::string e = k::RopeForward(x.data_ptr(), 3 * d, pp, inv.data_ptr<float>(), out.data_ptr(), 3 * d, tokens,
+                                       0, d, false, k::DType::kBFloat16, stream);
+  EXPECT_EQ(e.rfind("RopeForward: ", 0), 0u) << e;
+  EXPECT_TRUE(torch::equal(out, torch::zeros_like(out)));
+}
 #endif  // TRAINERD_WITH_CUDA_KERNELS
 
 }  // namespace
