@@ -304,6 +304,7 @@ struct RopePart {
 // Every part of one token count, head size and dtype in one launch.
 void RotateInto(const std::vector<RopePart>& parts, const torch::Tensor& position_ids,
                 const torch::Tensor& inv_freq, bool inverse) {
+  if (parts.empty()) return;
   std::vector<kernels::RopeSegment> segments;
   std::vector<torch::Tensor> inputs;  // alive until the launch
   for (const RopePart& p : parts) {

@@ -109,23 +109,19 @@ enum class DType { kFloat32, kFloat16, kBFloat16 };
 // (accurate cosf/sinf, rounded to the dtype as transformers rounds its cos/sin
 // tables), then in float32: out_i = x_i*c - x_{i+d/2}*s, out_{i+d/2} = x_{i+d/2}*c + x_i*s.
 // inverse = true applies the transposed rotation (sin negated): the backward.
+// Up to kMaxRopeSegments (x, out) pairs of the same tokens and head_dim go in
+// one launch, each rotated (rotate) or copied unchanged: attention's q and k
+// rotated and v copied, or their gradients written into the columns of one
+// q|k|v buffer. Per segment:
 //   x:   (tokens, heads, head_dim) dtype; token t, head h, element i at
 //        x + t * token_stride + h * head_dim + i (token_stride in elements,
 //        >= heads * head_dim: a narrow of a fused q|k|v projection works)
-//   position: (tokens) int64; inv_freq: (head_dim / 2) float32
 //   out: (tokens, heads, head_dim) dtype at out + t * out_token_stride + h * head_dim + i
 //        (out_token_stride >= heads * head_dim: heads * head_dim for a dense
-//        result, wider to write into columns of a q|k|v gradient); may not alias x
+//        result, wider to write into columns of a q|k|v gradient)
+// No output may alias any input or another output.
+//   position: (tokens) int64; inv_freq: (head_dim / 2) float32
 // head_dim must be even and at most 8192.
-[[nodiscard]] std::string RopeForward(const void* x, int64_t token_stride, const int64_t* position,
-                                      const float* inv_freq, void* out, int64_t out_token_stride, int64_t tokens,
-                                      int64_t heads, int64_t head_dim, bool inverse, DType dtype, void* stream);
-
-// Up to kMaxRopeSegments (x, out) pairs of the same tokens and head_dim in
-// one launch, each rotated as RopeForward does (rotate) or copied unchanged:
-// attention's q and k rotated and v copied, or their gradients written into
-// the columns of one q|k|v buffer. Each pair's layout as RopeForward's; no
-// output may alias any input or another output.
 struct RopeSegment {
   const void* x = nullptr;
   int64_t token_stride = 0;

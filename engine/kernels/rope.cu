@@ -106,9 +106,11 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// RopeSegments and RopeForward, whose messages start with `what`.
-std::string Launch(const std::string& what, const RopeSegment* segments, int count, const int64_t* position,
-                   const float* inv_freq, int64_t tokens, int64_t head_dim, bool inverse, DType dtype, void* stream) {
+}  // namespace
+
+std::string RopeSegments(const RopeSegment* segments, int count, const int64_t* position, const float* inv_freq,
+                         int64_t tokens, int64_t head_dim, bool inverse, DType dtype, void* stream) {
+  const std::string what = "RopeSegments";
   if (count < 1 || count > kMaxRopeSegments || !segments) {
     return what + ": " + std::to_string(count) + " segments (1 to " + std::to_string(kMaxRopeSegments) + ")";
   }
@@ -165,20 +167,6 @@ std::string Launch(const std::string& what, const RopeSegment* segments, int cou
     }
     return LaunchError(what.c_str());
   });
-}
-
-}  // namespace
-
-std::string RopeSegments(const RopeSegment* segments, int count, const int64_t* position, const float* inv_freq,
-                         int64_t tokens, int64_t head_dim, bool inverse, DType dtype, void* stream) {
-  return Launch("RopeSegments", segments, count, position, inv_freq, tokens, head_dim, inverse, dtype, stream);
-}
-
-std::string RopeForward(const void* x, int64_t token_stride, const int64_t* position, const float* inv_freq,
-                        void* out, int64_t out_token_stride, int64_t tokens, int64_t heads, int64_t head_dim,
-                        bool inverse, DType dtype, void* stream) {
-  const RopeSegment one{x, token_stride, out, out_token_stride, heads, /*rotate=*/true};
-  return Launch("RopeForward", &one, 1, position, inv_freq, tokens, head_dim, inverse, dtype, stream);
 }
 
 }  // namespace trainerd::kernels

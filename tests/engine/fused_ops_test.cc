@@ -925,11 +925,13 @@ TEST_F(FusedOpsCudaTest, LaunchersWriteEveryElement) {
       const torch::Tensor x = wide.narrow(1, pad, heads * d).view({tokens, heads, d});
       const torch::Tensor pos = Positions(tokens, 0, cuda_), inv = InvFreq(d, cuda_);
       torch::Tensor out = poisoned({tokens, heads, d}, o), back = poisoned({tokens, heads, d}, o);
-      ASSERT_EQ(k::RopeForward(x.data_ptr(), x.stride(0), pos.data_ptr<int64_t>(), inv.data_ptr<float>(),
-                               out.data_ptr(), heads * d, tokens, heads, d, /*inverse=*/false, kdtype(dtype), stream),
+      const k::RopeSegment forward{x.data_ptr(), x.stride(0), out.data_ptr(), heads * d, heads, true};
+      const k::RopeSegment inverse{out.data_ptr(), heads * d, back.data_ptr(), heads * d, heads, true};
+      ASSERT_EQ(k::RopeSegments(&forward, 1, pos.data_ptr<int64_t>(), inv.data_ptr<float>(), tokens, d,
+                                /*inverse=*/false, kdtype(dtype), stream),
                 "");
-      ASSERT_EQ(k::RopeForward(out.data_ptr(), heads * d, pos.data_ptr<int64_t>(), inv.data_ptr<float>(),
-                               back.data_ptr(), heads * d, tokens, heads, d, /*inverse=*/true, kdtype(dtype), stream),
+      ASSERT_EQ(k::RopeSegments(&inverse, 1, pos.data_ptr<int64_t>(), inv.data_ptr<float>(), tokens, d,
+                                /*inverse=*/true, kdtype(dtype), stream),
                 "");
       EXPECT_TRUE(AllFinite(out) && AllFinite(back)) << DTypeName(dtype) << " pad=" << pad;
       EXPECT_TRUE(torch::equal(out, FusedRope(x, pos, inv))) << DTypeName(dtype) << " pad=" << pad;
@@ -988,8 +990,8 @@ TEST_F(FusedOpsCudaTest, SoftmaxCrossEntropyRowsChecksArguments) {
   EXPECT_TRUE(torch::equal(loss, torch::zeros_like(loss)));
 }
 
-// RopeSegments refuses what it cannot do, naming itself (RopeForward, its
-// one-segment form, names itself), and writes nothing then: too few or too
+// RopeSegments refuses what it cannot do, naming itself, and writes nothing
+// then: too few or too
 // many segments, a segment without heads or with token strides shorter than
 // its heads, an odd or oversized head_dim, a null pointer; no tokens is fine.
 TEST_F(FusedOpsCudaTest, RopeSegmentsChecksArguments) {
@@ -1020,9 +1022,6 @@ TEST_F(FusedOpsCudaTest, RopeSegmentsChecksArguments) {
     EXPECT_EQ(e.rfind("RopeSegments: ", 0), 0u) << e;
   }
   EXPECT_EQ(call({null_x}, d, nullptr, 0), "");
-  const std::string e = k::RopeForward(x.data_ptr(), 3 * d, pp, inv.data_ptr<float>(), out.data_ptr(), 3 * d, tokens,
-                                       0, d, false, k::DType::kBFloat16, stream);
-  EXPECT_EQ(e.rfind("RopeForward: ", 0), 0u) << e;
   EXPECT_TRUE(torch::equal(out, torch::zeros_like(out)));
 }
 #endif  // TRAINERD_WITH_CUDA_KERNELS
