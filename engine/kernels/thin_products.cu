@@ -19,6 +19,11 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <tuple>
+#include <type_traits>
+#include <utility>
 
 #include "engine/kernels/dtype_access.cuh"
 #include "engine/kernels/thin_products.h"
@@ -28,11 +33,8 @@ namespace {
 
 using namespace detail;  // NOLINT(build/namespaces)
 
-constexpr int kThreads = 128;  // 4 warps
-constexpr int kTile = 64;      // a block's extent along the large output side, and a stage's along the sum
 constexpr int kStages = 4;
-constexpr int kPad = 8;
-constexpr int kRow = kTile + kPad;  // a shared row of a 64-wide tile
+constexpr int kPad = 8;  // elements after each shared row: ldmatrix's eight rows on distinct banks
 
 __device__ __forceinline__ uint32_t SharedAddress(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -109,90 +111,153 @@ __device__ __forceinline__ void Pipeline(int tiles, Load&& load, Compute&& compu
   WaitAsync<0>();
 }
 
+// A block's shape: it owns kBig rows of x (right) or columns of g (left), and
+// each stage holds kSum terms of the long sum; kWarpsBig x kWarpsSum warps,
+// warp (wb, ws) taking kWarpBig of the kBig and kWarpSum of each stage's
+// kSum (the sums of a second warp along the sum added at the end, in a fixed
+// order).
+template <int kBigV, int kSumV, int kWarpsBigV, int kWarpsSumV>
+struct Shape {
+  static constexpr int kBig = kBigV, kSum = kSumV, kWarpsBig = kWarpsBigV, kWarpsSum = kWarpsSumV;
+  static constexpr int kThreads = 32 * kWarpsBig * kWarpsSum;
+  static constexpr int kWarpBig = kBig / kWarpsBig, kWarpSum = kSum / kWarpsSum;
+  static_assert(kWarpBig % 16 == 0 && kWarpSum % 16 == 0, "warp tiles of whole 16x16 fragments");
+  static_assert(kWarpsSum == 1 || kWarpsSum == 2, "at most two warps along the sum");
+};
+
+// The float32 sums of the warps with ws = 1 added to those of ws = 0 through
+// shared memory (kWarpsBig x kPerLane x 32 floats from its start, after the
+// stages are done with). Returns whether this warp holds the block's sums.
+template <typename S, int kPerLane>
+__device__ __forceinline__ bool AddSecondHalf(float (&acc)[kPerLane], unsigned char* shared, int wb, int ws,
+                                              int lane) {
+  if constexpr (S::kWarpsSum == 1) {
+    return true;
+  } else {
+    float* mine = reinterpret_cast<float*>(shared) + wb * (kPerLane * 32);
+    __syncthreads();
+    if (ws == 1) {
+#pragma unroll
+      for (int q = 0; q < kPerLane; ++q) mine[q * 32 + lane] = acc[q];
+    }
+    __syncthreads();
+    if (ws == 1) return false;
+#pragma unroll
+    for (int q = 0; q < kPerLane; ++q) acc[q] += mine[q * 32 + lane];
+    return true;
+  }
+}
+
+// One m16n8k16 product into the 4 accumulators at acc.
+template <typename T>
+__device__ __forceinline__ void MmaAt(float* acc, const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  Mma<T>(*reinterpret_cast<float(*)[4]>(acc), a, b0, b1);
+}
+
 // ---- y = x w^T -------------------------------------------------------------
 // kNp: r rounded up to an even number of 8-column mma tiles (2, 4, 6, 8).
 // kWRows: w's rows contiguous (shared tile [r][k]), else its columns ([k][r]).
-template <int kNp, bool kWRows>
+template <typename S, int kNp, bool kWRows>
 struct RightLayout {
-  static constexpr int kXElems = kTile * kRow;
-  static constexpr int kWRow = kWRows ? kRow : kNp * 8 + kPad;
-  static constexpr int kWElems = kWRows ? kNp * 8 * kRow : kTile * kWRow;
+  static constexpr int kXRow = S::kSum + kPad;
+  static constexpr int kXElems = S::kBig * kXRow;
+  static constexpr int kWRow = kWRows ? S::kSum + kPad : kNp * 8 + kPad;
+  static constexpr int kWElems = kWRows ? kNp * 8 * kWRow : S::kSum * kWRow;
   static constexpr int kStageElems = kXElems + kWElems;
+  static constexpr int kPerLane = (S::kWarpBig / 16) * kNp * 4;
   static constexpr size_t kSharedBytes = size_t{kStages} * kStageElems * 2;
+  static_assert(size_t{S::kWarpsBig} * kPerLane * 32 * 4 <= kSharedBytes, "the exchange fits");
 };
 
-template <typename T, int kNp, bool kWRows>
-__global__ void __launch_bounds__(kThreads)
+template <typename T, typename S, int kNp, bool kWRows>
+__global__ void __launch_bounds__(S::kThreads)
     ThinRightKernel(const T* __restrict__ x, int64_t x_ld, const T* __restrict__ w, int64_t w_stride_r,
                     int64_t w_stride_k, T* __restrict__ y, int64_t y_ld, float* __restrict__ partial, int64_t m,
                     int64_t k, int64_t r, int64_t k_per_split) {
-  using L = RightLayout<kNp, kWRows>;
+  using L = RightLayout<S, kNp, kWRows>;
+  constexpr int kMt = S::kWarpBig / 16;
   extern __shared__ __align__(16) unsigned char shared_bytes[];
   T* shared = reinterpret_cast<T*>(shared_bytes);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t m0 = int64_t{blockIdx.x} * kTile;
+  const int wb = warp % S::kWarpsBig, ws = warp / S::kWarpsBig;
+  const int64_t m0 = int64_t{blockIdx.x} * S::kBig;
   const int64_t k_begin = int64_t{blockIdx.y} * k_per_split;
   const int64_t k_end = Min64(k, k_begin + k_per_split);
-  const int tiles = static_cast<int>((k_end - k_begin + kTile - 1) / kTile);
+  const int tiles = static_cast<int>((k_end - k_begin + S::kSum - 1) / S::kSum);
 
   auto load = [&](int tile, int stage) {
     T* xs = shared + stage * L::kStageElems;
-    T* ws = xs + L::kXElems;
-    const int64_t k0 = k_begin + int64_t{tile} * kTile;
-    for (int c = threadIdx.x; c < kTile * 8; c += kThreads) {
-      const int row = c / 8, col = (c % 8) * 8;
+    T* wt = xs + L::kXElems;
+    const int64_t k0 = k_begin + int64_t{tile} * S::kSum;
+    constexpr int kChunks = S::kSum / 8;  // 16-byte chunks of a row's stage
+    for (int c = threadIdx.x; c < S::kBig * kChunks; c += S::kThreads) {
+      const int row = c / kChunks, col = (c % kChunks) * 8;
       const int bytes = m0 + row < m ? BytesBefore(k0 + col, k_end) : 0;
-      CopyAsync16(xs + row * kRow + col, bytes > 0 ? x + (m0 + row) * x_ld + k0 + col : x, bytes);
+      CopyAsync16(xs + row * L::kXRow + col, bytes > 0 ? x + (m0 + row) * x_ld + k0 + col : x, bytes);
     }
     if constexpr (kWRows) {
-      for (int c = threadIdx.x; c < kNp * 8 * 8; c += kThreads) {
-        const int row = c / 8, col = (c % 8) * 8;
+      for (int c = threadIdx.x; c < kNp * 8 * kChunks; c += S::kThreads) {
+        const int row = c / kChunks, col = (c % kChunks) * 8;
         const int bytes = row < r ? BytesBefore(k0 + col, k_end) : 0;
-        CopyAsync16(ws + row * kRow + col, bytes > 0 ? w + row * w_stride_r + k0 + col : w, bytes);
+        CopyAsync16(wt + row * L::kWRow + col, bytes > 0 ? w + row * w_stride_r + k0 + col : w, bytes);
       }
     } else {
-      for (int c = threadIdx.x; c < kTile * kNp; c += kThreads) {
+      for (int c = threadIdx.x; c < S::kSum * kNp; c += S::kThreads) {
         const int row = c / kNp, col = (c % kNp) * 8;
         const int bytes = k0 + row < k_end ? BytesBefore(col, r) : 0;
-        CopyAsync16(ws + row * L::kWRow + col, bytes > 0 ? w + (k0 + row) * w_stride_k + col : w, bytes);
+        CopyAsync16(wt + row * L::kWRow + col, bytes > 0 ? w + (k0 + row) * w_stride_k + col : w, bytes);
       }
     }
   };
 
-  float acc[kNp][4] = {};
+  float acc[L::kPerLane] = {};
   Pipeline(tiles, load, [&](int stage) {
     const T* xs = shared + stage * L::kStageElems;
-    const T* ws = xs + L::kXElems;
+    const T* wt = xs + L::kXElems;
 #pragma unroll
-    for (int kk = 0; kk < kTile; kk += 16) {
-      uint32_t a[4];
-      LoadMatrices(a, xs + (warp * 16 + lane % 16) * kRow + kk + (lane / 16) * 8);
+    for (int ks = 0; ks < S::kWarpSum / 16; ++ks) {
+      const int kk = ws * S::kWarpSum + ks * 16;
+      uint32_t b[kNp / 2][4];
 #pragma unroll
       for (int p = 0; p < kNp / 2; ++p) {
-        uint32_t b[4];
         if constexpr (kWRows) {
-          LoadMatrices(b, ws + (p * 16 + lane % 8 + (lane / 16) * 8) * kRow + kk + ((lane / 8) % 2) * 8);
+          LoadMatrices(b[p], wt + (p * 16 + lane % 8 + (lane / 16) * 8) * L::kWRow + kk + ((lane / 8) % 2) * 8);
         } else {
-          LoadMatricesTransposed(b, ws + (kk + lane % 8 + ((lane / 8) % 2) * 8) * L::kWRow + p * 16 + (lane / 16) * 8);
+          LoadMatricesTransposed(b[p], wt + (kk + lane % 8 + ((lane / 8) % 2) * 8) * L::kWRow + p * 16 +
+                                           (lane / 16) * 8);
         }
-        Mma<T>(acc[2 * p], a, b[0], b[1]);
-        Mma<T>(acc[2 * p + 1], a, b[2], b[3]);
+      }
+#pragma unroll
+      for (int mt = 0; mt < kMt; ++mt) {
+        uint32_t a[4];
+        LoadMatrices(a, xs + (wb * S::kWarpBig + mt * 16 + lane % 16) * L::kXRow + kk + (lane / 16) * 8);
+#pragma unroll
+        for (int p = 0; p < kNp / 2; ++p) {
+          MmaAt<T>(&acc[(mt * kNp + 2 * p) * 4], a, b[p][0], b[p][1]);
+          MmaAt<T>(&acc[(mt * kNp + 2 * p + 1) * 4], a, b[p][2], b[p][3]);
+        }
       }
     }
   });
+  if (!AddSecondHalf<S>(acc, shared_bytes, wb, ws, lane)) return;
 
-  // Accumulator (tile nt, i): row lane / 4 (+ 8 for i >= 2), column 2 (lane % 4) + i % 2.
+  // Accumulator (mt, nt, i): row mt * 16 + lane / 4 (+ 8 for i >= 2) of the
+  // warp's, column nt * 8 + 2 (lane % 4) + i % 2.
 #pragma unroll
-  for (int nt = 0; nt < kNp; ++nt) {
+  for (int mt = 0; mt < kMt; ++mt) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int64_t row = m0 + warp * 16 + lane / 4 + (i / 2) * 8;
-      const int64_t col = nt * 8 + 2 * (lane % 4) + i % 2;
-      if (row >= m || col >= r) continue;
-      if (partial != nullptr) {
-        partial[(int64_t{blockIdx.y} * m + row) * r + col] = acc[nt][i];
-      } else {
-        y[row * y_ld + col] = FromFloat<T>(acc[nt][i]);
+    for (int nt = 0; nt < kNp; ++nt) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int64_t row = m0 + wb * S::kWarpBig + mt * 16 + lane / 4 + (i / 2) * 8;
+        const int64_t col = nt * 8 + 2 * (lane % 4) + i % 2;
+        if (row >= m || col >= r) continue;
+        const float v = acc[(mt * kNp + nt) * 4 + i];
+        if (partial != nullptr) {
+          partial[(int64_t{blockIdx.y} * m + row) * r + col] = v;
+        } else {
+          y[row * y_ld + col] = FromFloat<T>(v);
+        }
       }
     }
   }
@@ -200,100 +265,93 @@ __global__ void __launch_bounds__(kThreads)
 
 // ---- z = t^T g -------------------------------------------------------------
 // kMt: r in 16-row mma tiles (1 to 4).
-template <int kMt>
+template <typename S, int kMt>
 struct LeftLayout {
   static constexpr int kTRow = kMt * 16 + kPad;
-  static constexpr int kTElems = kTile * kTRow;
-  static constexpr int kStageElems = kTElems + kTile * kRow;
+  static constexpr int kTElems = S::kSum * kTRow;
+  static constexpr int kGRow = S::kBig + kPad;
+  static constexpr int kStageElems = kTElems + S::kSum * kGRow;
+  static constexpr int kPerLane = kMt * (S::kWarpBig / 8) * 4;
   static constexpr size_t kSharedBytes = size_t{kStages} * kStageElems * 2;
-  // The row halves' sums exchanged at the end: float [2 column halves][kMt * 16][32 lanes].
-  static_assert(2 * kMt * 16 * 32 * 4 <= kSharedBytes, "the exchange fits in the stages' memory");
+  static_assert(size_t{S::kWarpsBig} * kPerLane * 32 * 4 <= kSharedBytes, "the exchange fits");
 };
 
-template <typename T, int kMt>
-__global__ void __launch_bounds__(kThreads)
+template <typename T, typename S, int kMt>
+__global__ void __launch_bounds__(S::kThreads)
     ThinLeftKernel(const T* __restrict__ t, int64_t t_ld, const T* __restrict__ g, int64_t g_ld, T* __restrict__ z,
                    int64_t z_ld, float* __restrict__ partial, int64_t m, int64_t r, int64_t n,
                    int64_t m_per_split) {
-  using L = LeftLayout<kMt>;
+  using L = LeftLayout<S, kMt>;
+  constexpr int kNt = S::kWarpBig / 8;  // 8-column tiles of a warp
   extern __shared__ __align__(16) unsigned char shared_bytes[];
   T* shared = reinterpret_cast<T*>(shared_bytes);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int wn = warp % 2, wk = warp / 2;
-  const int64_t n0 = int64_t{blockIdx.x} * kTile;
+  const int wb = warp % S::kWarpsBig, ws = warp / S::kWarpsBig;
+  const int64_t n0 = int64_t{blockIdx.x} * S::kBig;
   const int64_t m_begin = int64_t{blockIdx.y} * m_per_split;
   const int64_t m_end = Min64(m, m_begin + m_per_split);
-  const int tiles = static_cast<int>((m_end - m_begin + kTile - 1) / kTile);
+  const int tiles = static_cast<int>((m_end - m_begin + S::kSum - 1) / S::kSum);
 
   auto load = [&](int tile, int stage) {
     T* ts = shared + stage * L::kStageElems;
     T* gs = ts + L::kTElems;
-    const int64_t row0 = m_begin + int64_t{tile} * kTile;
-    for (int c = threadIdx.x; c < kTile * 2 * kMt; c += kThreads) {
+    const int64_t row0 = m_begin + int64_t{tile} * S::kSum;
+    for (int c = threadIdx.x; c < S::kSum * 2 * kMt; c += S::kThreads) {
       const int row = c / (2 * kMt), col = (c % (2 * kMt)) * 8;
       const int bytes = row0 + row < m_end ? BytesBefore(col, r) : 0;
       CopyAsync16(ts + row * L::kTRow + col, bytes > 0 ? t + (row0 + row) * t_ld + col : t, bytes);
     }
-    for (int c = threadIdx.x; c < kTile * 8; c += kThreads) {
-      const int row = c / 8, col = (c % 8) * 8;
+    constexpr int kChunks = S::kBig / 8;
+    for (int c = threadIdx.x; c < S::kSum * kChunks; c += S::kThreads) {
+      const int row = c / kChunks, col = (c % kChunks) * 8;
       const int bytes = row0 + row < m_end ? BytesBefore(n0 + col, n) : 0;
-      CopyAsync16(gs + row * kRow + col, bytes > 0 ? g + (row0 + row) * g_ld + n0 + col : g, bytes);
+      CopyAsync16(gs + row * L::kGRow + col, bytes > 0 ? g + (row0 + row) * g_ld + n0 + col : g, bytes);
     }
   };
 
-  float acc[kMt][4][4] = {};
+  float acc[L::kPerLane] = {};
   Pipeline(tiles, load, [&](int stage) {
     const T* ts = shared + stage * L::kStageElems;
     const T* gs = ts + L::kTElems;
 #pragma unroll
-    for (int ks = 0; ks < 2; ++ks) {
-      const int kk = wk * 32 + ks * 16;
-      uint32_t b[2][4];
+    for (int ks = 0; ks < S::kWarpSum / 16; ++ks) {
+      const int kk = ws * S::kWarpSum + ks * 16;
+      uint32_t b[kNt / 2][4];
 #pragma unroll
-      for (int p = 0; p < 2; ++p) {
-        LoadMatricesTransposed(b[p], gs + (kk + lane % 8 + ((lane / 8) % 2) * 8) * kRow + wn * 32 + p * 16 +
-                                         (lane / 16) * 8);
+      for (int p = 0; p < kNt / 2; ++p) {
+        LoadMatricesTransposed(b[p], gs + (kk + lane % 8 + ((lane / 8) % 2) * 8) * L::kGRow + wb * S::kWarpBig +
+                                         p * 16 + (lane / 16) * 8);
       }
 #pragma unroll
       for (int mt = 0; mt < kMt; ++mt) {
         uint32_t a[4];
         LoadMatricesTransposed(a, ts + (kk + lane % 8 + (lane / 16) * 8) * L::kTRow + mt * 16 + ((lane / 8) % 2) * 8);
 #pragma unroll
-        for (int p = 0; p < 2; ++p) {
-          Mma<T>(acc[mt][2 * p], a, b[p][0], b[p][1]);
-          Mma<T>(acc[mt][2 * p + 1], a, b[p][2], b[p][3]);
+        for (int p = 0; p < kNt / 2; ++p) {
+          MmaAt<T>(&acc[(mt * kNt + 2 * p) * 4], a, b[p][0], b[p][1]);
+          MmaAt<T>(&acc[(mt * kNt + 2 * p + 1) * 4], a, b[p][2], b[p][3]);
         }
       }
     }
   });
-  __syncthreads();  // every warp done with the stages: their memory holds the exchange now
+  if (!AddSecondHalf<S>(acc, shared_bytes, wb, ws, lane)) return;
 
-  float* exchange = reinterpret_cast<float*>(shared_bytes) + wn * (kMt * 16 * 32);
-  if (wk == 1) {
-#pragma unroll
-    for (int mt = 0; mt < kMt; ++mt) {
-#pragma unroll
-      for (int q = 0; q < 16; ++q) exchange[(mt * 16 + q) * 32 + lane] = acc[mt][q / 4][q % 4];
-    }
-  }
-  __syncthreads();
-  if (wk == 1) return;
   // Accumulator (mt, nt, i): row mt * 16 + lane / 4 (+ 8 for i >= 2) of z,
-  // column wn * 32 + nt * 8 + 2 (lane % 4) + i % 2 of the block's 64.
+  // column nt * 8 + 2 (lane % 4) + i % 2 of the warp's.
 #pragma unroll
   for (int mt = 0; mt < kMt; ++mt) {
 #pragma unroll
-    for (int nt = 0; nt < 4; ++nt) {
+    for (int nt = 0; nt < kNt; ++nt) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const float sum = acc[mt][nt][i] + exchange[(mt * 16 + nt * 4 + i) * 32 + lane];
         const int64_t row = mt * 16 + lane / 4 + (i / 2) * 8;
-        const int64_t col = n0 + wn * 32 + nt * 8 + 2 * (lane % 4) + i % 2;
+        const int64_t col = n0 + wb * S::kWarpBig + nt * 8 + 2 * (lane % 4) + i % 2;
         if (row >= r || col >= n) continue;
+        const float v = acc[(mt * kNt + nt) * 4 + i];
         if (partial != nullptr) {
-          partial[(int64_t{blockIdx.y} * r + row) * n + col] = sum;
+          partial[(int64_t{blockIdx.y} * r + row) * n + col] = v;
         } else {
-          z[row * z_ld + col] = FromFloat<T>(sum);
+          z[row * z_ld + col] = FromFloat<T>(v);
         }
       }
     }
@@ -313,31 +371,46 @@ __global__ void __launch_bounds__(256) SumSplitsKernel(const float* __restrict__
   }
 }
 
-// The current device's number of SMs (looked up once per device).
-int SmCount() {
-  static std::array<std::atomic<int>, 64> known{};
+// The current device's SM count and shared memory per SM, looked up once per device.
+struct DeviceSize {
+  int sms = 132;
+  int shared_per_sm = 233472;
+};
+DeviceSize CurrentDevice() {
+  static std::array<std::atomic<int>, 64> sms{}, shared{};
   int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0) return 132;
-  if (device >= static_cast<int>(known.size())) device = static_cast<int>(known.size()) - 1;
-  int count = known[device].load();
-  if (count == 0) {
-    if (cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || count <= 0) {
-      count = 132;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0) return {};
+  device = std::min(device, static_cast<int>(sms.size()) - 1);
+  if (sms[device].load() == 0) {
+    DeviceSize d;
+    int v = 0;
+    if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device) == cudaSuccess && v > 0) {
+      d.shared_per_sm = v;
     }
-    known[device].store(count);
+    if (cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, device) == cudaSuccess && v > 0) d.sms = v;
+    shared[device].store(d.shared_per_sm);
+    sms[device].store(d.sms);
   }
-  return count;
+  DeviceSize d;
+  d.sms = sms[device].load();
+  d.shared_per_sm = shared[device].load();
+  return d;
 }
 
-// How a sum of `length` terms is split over blocks when the output gives
-// `blocks` blocks: {splits, terms a split (a multiple of kTile)}. Enough
-// blocks for about four per SM, each split at least 4 tiles long.
-std::pair<int, int64_t> Splits(int64_t blocks, int64_t length) {
-  const int64_t wanted = (4 * int64_t{SmCount()} + blocks - 1) / blocks;
-  const int64_t most = std::max<int64_t>(1, (length + 4 * kTile - 1) / (4 * kTile));
+// How a sum of `length` terms is split when the output gives `blocks` blocks
+// of shape S using `shared_bytes`: {splits, terms a split (whole stages)}.
+// Enough blocks for two full waves of the GPU, each split at least four
+// stages long.
+template <typename S>
+std::pair<int, int64_t> Splits(int64_t blocks, int64_t length, size_t shared_bytes) {
+  const DeviceSize d = CurrentDevice();
+  const int64_t per_sm = std::max<int64_t>(
+      1, std::min<int64_t>(d.shared_per_sm / static_cast<int64_t>(shared_bytes + 1024), 2048 / S::kThreads));
+  const int64_t wanted = (2 * d.sms * per_sm + blocks - 1) / blocks;
+  const int64_t most = std::max<int64_t>(1, (length + 4 * S::kSum - 1) / (4 * S::kSum));
   const int64_t splits = std::clamp<int64_t>(std::min(wanted, most), 1, kMaxThinSplits);
-  const int64_t tiles = (length + kTile - 1) / kTile;
-  const int64_t per_split = ((tiles + splits - 1) / splits) * kTile;
+  const int64_t stages = (length + S::kSum - 1) / S::kSum;
+  const int64_t per_split = ((stages + splits - 1) / splits) * S::kSum;
   return {static_cast<int>((length + per_split - 1) / per_split), per_split};
 }
 
@@ -353,73 +426,102 @@ bool AllowShared(Kernel kernel, size_t bytes) {
 template <typename T>
 std::string SumSplits(const float* partial, int splits, int64_t rows, int64_t cols, void* out, int64_t out_ld,
                       cudaStream_t stream, const char* what) {
-  const int64_t blocks = std::min<int64_t>((rows * cols + 255) / 256, 4 * int64_t{SmCount()});
+  const int64_t blocks = std::min<int64_t>((rows * cols + 255) / 256, 4 * int64_t{CurrentDevice().sms});
   SumSplitsKernel<T><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(partial, splits, rows, cols,
                                                                          static_cast<T*>(out), out_ld);
   return LaunchError(what);
 }
 
-template <typename T, int kNp, bool kWRows>
+// The block shapes (TRAINERD_THIN_VARIANT="right,left" picks others, for tuning).
+using RightShapes = std::tuple<Shape<64, 64, 4, 1>, Shape<128, 64, 4, 2>, Shape<128, 64, 8, 1>, Shape<256, 64, 8, 1>,
+                               Shape<128, 128, 4, 1>>;
+using LeftShapes = std::tuple<Shape<64, 64, 2, 2>, Shape<128, 64, 4, 2>, Shape<256, 32, 8, 1>, Shape<128, 32, 4, 1>,
+                              Shape<256, 64, 8, 1>>;
+int Variant(bool right) {
+  static const std::pair<int, int> chosen = [] {
+    std::pair<int, int> v{0, 0};
+    if (const char* e = std::getenv("TRAINERD_THIN_VARIANT")) std::sscanf(e, "%d,%d", &v.first, &v.second);
+    return v;
+  }();
+  return right ? chosen.first : chosen.second;
+}
+
+// f(S{}) for the variant-th shape of Shapes (the first when out of range).
+template <typename Shapes, typename F, size_t... I>
+auto WithShapeOf(int variant, F&& f, std::index_sequence<I...>) {
+  using Result = decltype(f(std::tuple_element_t<0, Shapes>{}));
+  Result result{};
+  const bool done = ((variant == static_cast<int>(I) ? (result = f(std::tuple_element_t<I, Shapes>{}), true)
+                                                     : false) || ...);
+  if (!done) result = f(std::tuple_element_t<0, Shapes>{});
+  return result;
+}
+template <typename Shapes, typename F>
+auto WithShape(int variant, F&& f) {
+  return WithShapeOf<Shapes>(variant, std::forward<F>(f), std::make_index_sequence<std::tuple_size_v<Shapes>>{});
+}
+
+// f(std::integral_constant<int, v>{}) for v = n in {2, 4, 6, 8} (np) or {1, 2, 3, 4} (mt).
+template <int kFirst, int kStep, typename F>
+auto WithCount(int n, F&& f) {
+  switch ((n - kFirst) / kStep) {
+    case 0:
+      return f(std::integral_constant<int, kFirst>{});
+    case 1:
+      return f(std::integral_constant<int, kFirst + kStep>{});
+    case 2:
+      return f(std::integral_constant<int, kFirst + 2 * kStep>{});
+    default:
+      return f(std::integral_constant<int, kFirst + 3 * kStep>{});
+  }
+}
+
+// {splits, terms a split} of y (m, r) = x w^T with shape S (the shared memory of w's row layout).
+template <typename S>
+std::pair<int, int64_t> RightPlan(int64_t m, int64_t k, int np) {
+  const size_t bytes =
+      WithCount<2, 2>(np, [](auto c) { return RightLayout<S, decltype(c)::value, true>::kSharedBytes; });
+  return Splits<S>((m + S::kBig - 1) / S::kBig, k, bytes);
+}
+template <typename S>
+std::pair<int, int64_t> LeftPlan(int64_t m, int64_t n, int mt) {
+  const size_t bytes = WithCount<1, 1>(mt, [](auto c) { return LeftLayout<S, decltype(c)::value>::kSharedBytes; });
+  return Splits<S>((n + S::kBig - 1) / S::kBig, m, bytes);
+}
+
+int RightTiles(int64_t r) { return static_cast<int>(((r + 15) / 16) * 2); }  // 8-column tiles, even
+int LeftTiles(int64_t r) { return static_cast<int>((r + 15) / 16); }        // 16-row tiles
+
+template <typename T, typename S, int kNp, bool kWRows>
 std::string LaunchRight(const void* x, int64_t x_ld, const void* w, int64_t w_stride_r, int64_t w_stride_k, void* y,
                         int64_t y_ld, int64_t m, int64_t k, int64_t r, float* workspace, cudaStream_t stream) {
-  using L = RightLayout<kNp, kWRows>;
-  const int64_t row_blocks = (m + kTile - 1) / kTile;
-  const auto [splits, per_split] = Splits(row_blocks, k);
-  const auto kernel = ThinRightKernel<T, kNp, kWRows>;
+  using L = RightLayout<S, kNp, kWRows>;
+  const auto [splits, per_split] = RightPlan<S>(m, k, kNp);
+  const auto kernel = ThinRightKernel<T, S, kNp, kWRows>;
   if (!AllowShared(kernel, L::kSharedBytes)) return LaunchError("ThinRightProduct");
-  kernel<<<dim3(static_cast<unsigned>(row_blocks), static_cast<unsigned>(splits)), kThreads, L::kSharedBytes,
-           stream>>>(static_cast<const T*>(x), x_ld, static_cast<const T*>(w), w_stride_r, w_stride_k,
-                     static_cast<T*>(y), y_ld, splits > 1 ? workspace : nullptr, m, k, r, per_split);
+  const dim3 grid(static_cast<unsigned>((m + S::kBig - 1) / S::kBig), static_cast<unsigned>(splits));
+  kernel<<<grid, S::kThreads, L::kSharedBytes, stream>>>(
+      static_cast<const T*>(x), x_ld, static_cast<const T*>(w), w_stride_r, w_stride_k, static_cast<T*>(y), y_ld,
+      splits > 1 ? workspace : nullptr, m, k, r, per_split);
   std::string error = LaunchError("ThinRightProduct");
   if (error.empty() && splits > 1) error = SumSplits<T>(workspace, splits, m, r, y, y_ld, stream, "ThinRightProduct");
   return error;
 }
 
-template <typename T, int kMt>
+template <typename T, typename S, int kMt>
 std::string LaunchLeft(const void* t, int64_t t_ld, const void* g, int64_t g_ld, void* z, int64_t z_ld, int64_t m,
                        int64_t r, int64_t n, float* workspace, cudaStream_t stream) {
-  using L = LeftLayout<kMt>;
-  const int64_t col_blocks = (n + kTile - 1) / kTile;
-  const auto [splits, per_split] = Splits(col_blocks, m);
-  const auto kernel = ThinLeftKernel<T, kMt>;
+  using L = LeftLayout<S, kMt>;
+  const auto [splits, per_split] = LeftPlan<S>(m, n, kMt);
+  const auto kernel = ThinLeftKernel<T, S, kMt>;
   if (!AllowShared(kernel, L::kSharedBytes)) return LaunchError("ThinLeftProduct");
-  kernel<<<dim3(static_cast<unsigned>(col_blocks), static_cast<unsigned>(splits)), kThreads, L::kSharedBytes,
-           stream>>>(static_cast<const T*>(t), t_ld, static_cast<const T*>(g), g_ld, static_cast<T*>(z), z_ld,
-                     splits > 1 ? workspace : nullptr, m, r, n, per_split);
+  const dim3 grid(static_cast<unsigned>((n + S::kBig - 1) / S::kBig), static_cast<unsigned>(splits));
+  kernel<<<grid, S::kThreads, L::kSharedBytes, stream>>>(static_cast<const T*>(t), t_ld, static_cast<const T*>(g),
+                                                         g_ld, static_cast<T*>(z), z_ld,
+                                                         splits > 1 ? workspace : nullptr, m, r, n, per_split);
   std::string error = LaunchError("ThinLeftProduct");
   if (error.empty() && splits > 1) error = SumSplits<T>(workspace, splits, r, n, z, z_ld, stream, "ThinLeftProduct");
   return error;
-}
-
-template <typename T, bool kWRows>
-std::string DispatchRight(int np, const void* x, int64_t x_ld, const void* w, int64_t w_stride_r,
-                          int64_t w_stride_k, void* y, int64_t y_ld, int64_t m, int64_t k, int64_t r,
-                          float* workspace, cudaStream_t stream) {
-  switch (np) {
-    case 2:
-      return LaunchRight<T, 2, kWRows>(x, x_ld, w, w_stride_r, w_stride_k, y, y_ld, m, k, r, workspace, stream);
-    case 4:
-      return LaunchRight<T, 4, kWRows>(x, x_ld, w, w_stride_r, w_stride_k, y, y_ld, m, k, r, workspace, stream);
-    case 6:
-      return LaunchRight<T, 6, kWRows>(x, x_ld, w, w_stride_r, w_stride_k, y, y_ld, m, k, r, workspace, stream);
-    default:
-      return LaunchRight<T, 8, kWRows>(x, x_ld, w, w_stride_r, w_stride_k, y, y_ld, m, k, r, workspace, stream);
-  }
-}
-
-template <typename T>
-std::string DispatchLeft(int mt, const void* t, int64_t t_ld, const void* g, int64_t g_ld, void* z, int64_t z_ld,
-                         int64_t m, int64_t r, int64_t n, float* workspace, cudaStream_t stream) {
-  switch (mt) {
-    case 1:
-      return LaunchLeft<T, 1>(t, t_ld, g, g_ld, z, z_ld, m, r, n, workspace, stream);
-    case 2:
-      return LaunchLeft<T, 2>(t, t_ld, g, g_ld, z, z_ld, m, r, n, workspace, stream);
-    case 3:
-      return LaunchLeft<T, 3>(t, t_ld, g, g_ld, z, z_ld, m, r, n, workspace, stream);
-    default:
-      return LaunchLeft<T, 4>(t, t_ld, g, g_ld, z, z_ld, m, r, n, workspace, stream);
-  }
 }
 
 // "" when the sizes and the 16-bit dtype suit the launchers, else why not.
@@ -437,16 +539,18 @@ std::string CheckSizes(const char* what, int64_t large1, int64_t large2, int64_t
 bool ThinProductLayoutOk(const void* p, int64_t ld) { return p != nullptr && Aligned16(p) && ld > 0 && ld % 8 == 0; }
 
 size_t ThinRightProductWorkspaceBytes(int64_t m, int64_t k, int64_t r) {
-  if (m <= 0 || k <= 0 || r <= 0) return 0;
-  const auto [splits, per_split] = Splits((m + kTile - 1) / kTile, k);
-  (void)per_split;
+  if (m <= 0 || k <= 0 || r <= 0 || r > kMaxThinRank) return 0;
+  const int splits = WithShape<RightShapes>(Variant(true), [&](auto shape) {
+    return RightPlan<decltype(shape)>(m, k, RightTiles(r)).first;
+  });
   return splits > 1 ? static_cast<size_t>(splits) * m * r * sizeof(float) : 0;
 }
 
 size_t ThinLeftProductWorkspaceBytes(int64_t m, int64_t r, int64_t n) {
-  if (m <= 0 || r <= 0 || n <= 0) return 0;
-  const auto [splits, per_split] = Splits((n + kTile - 1) / kTile, m);
-  (void)per_split;
+  if (m <= 0 || r <= 0 || n <= 0 || r > kMaxThinRank) return 0;
+  const int splits = WithShape<LeftShapes>(Variant(false), [&](auto shape) {
+    return LeftPlan<decltype(shape)>(m, n, LeftTiles(r)).first;
+  });
   return splits > 1 ? static_cast<size_t>(splits) * r * n * sizeof(float) : 0;
 }
 
@@ -465,15 +569,21 @@ std::string ThinRightProduct(const void* x, int64_t x_ld, const void* w, int64_t
     return "ThinRightProduct: workspace smaller than ThinRightProductWorkspaceBytes";
   }
   if (k == 0) return "ThinRightProduct: k is 0 (nothing to sum: the caller zeroes y)";
-  const int np = static_cast<int>(((r + 15) / 16) * 2);  // 8-column tiles, rounded up to even
   const cudaStream_t s = AsStream(stream);
-  if (dtype == DType::kBFloat16) {
-    return w_rows ? DispatchRight<__nv_bfloat16, true>(np, x, x_ld, w, w_stride_r, 1, y, y_ld, m, k, r, workspace, s)
-                  : DispatchRight<__nv_bfloat16, false>(np, x, x_ld, w, 1, w_stride_k, y, y_ld, m, k, r, workspace,
-                                                        s);
-  }
-  return w_rows ? DispatchRight<__half, true>(np, x, x_ld, w, w_stride_r, 1, y, y_ld, m, k, r, workspace, s)
-                : DispatchRight<__half, false>(np, x, x_ld, w, 1, w_stride_k, y, y_ld, m, k, r, workspace, s);
+  return WithShape<RightShapes>(Variant(true), [&](auto shape) {
+    using S = decltype(shape);
+    return WithCount<2, 2>(RightTiles(r), [&](auto np) {
+      constexpr int kNp = decltype(np)::value;
+      if (dtype == DType::kBFloat16) {
+        return w_rows ? LaunchRight<__nv_bfloat16, S, kNp, true>(x, x_ld, w, w_stride_r, 1, y, y_ld, m, k, r,
+                                                                 workspace, s)
+                      : LaunchRight<__nv_bfloat16, S, kNp, false>(x, x_ld, w, 1, w_stride_k, y, y_ld, m, k, r,
+                                                                  workspace, s);
+      }
+      return w_rows ? LaunchRight<__half, S, kNp, true>(x, x_ld, w, w_stride_r, 1, y, y_ld, m, k, r, workspace, s)
+                    : LaunchRight<__half, S, kNp, false>(x, x_ld, w, 1, w_stride_k, y, y_ld, m, k, r, workspace, s);
+    });
+  });
 }
 
 std::string ThinLeftProduct(const void* t, int64_t t_ld, const void* g, int64_t g_ld, void* z, int64_t z_ld,
@@ -490,12 +600,16 @@ std::string ThinLeftProduct(const void* t, int64_t t_ld, const void* g, int64_t 
     return "ThinLeftProduct: workspace smaller than ThinLeftProductWorkspaceBytes";
   }
   if (m == 0) return "ThinLeftProduct: m is 0 (nothing to sum: the caller zeroes z)";
-  const int mt = static_cast<int>((r + 15) / 16);
   const cudaStream_t s = AsStream(stream);
-  if (dtype == DType::kBFloat16) {
-    return DispatchLeft<__nv_bfloat16>(mt, t, t_ld, g, g_ld, z, z_ld, m, r, n, workspace, s);
-  }
-  return DispatchLeft<__half>(mt, t, t_ld, g, g_ld, z, z_ld, m, r, n, workspace, s);
+  return WithShape<LeftShapes>(Variant(false), [&](auto shape) {
+    using S = decltype(shape);
+    return WithCount<1, 1>(LeftTiles(r), [&](auto mt) {
+      constexpr int kMt = decltype(mt)::value;
+      return dtype == DType::kBFloat16
+                 ? LaunchLeft<__nv_bfloat16, S, kMt>(t, t_ld, g, g_ld, z, z_ld, m, r, n, workspace, s)
+                 : LaunchLeft<__half, S, kMt>(t, t_ld, g, g_ld, z, z_ld, m, r, n, workspace, s);
+    });
+  });
 }
 
 }  // namespace trainerd::kernels

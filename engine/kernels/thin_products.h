@@ -29,7 +29,7 @@
 namespace trainerd::kernels {
 
 constexpr int64_t kMaxThinRank = 64;
-constexpr int kMaxThinSplits = 8;
+constexpr int kMaxThinSplits = 16;
 
 // y (m, r) = x (m, k) w^T, with w (r, k), r <= kMaxThinRank: the long sum
 // runs over k. w's element (i, j) at w + i * w_stride_r + j * w_stride_k,
