@@ -5,7 +5,6 @@
 #include <vector>
 
 #include "engine/fused_ops.h"
-#include "engine/thin_products.h"
 
 namespace trainerd::engine {
 
@@ -142,7 +141,7 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
     if (in_place) {
       if (rank > 0) {
         t = x_ext.narrow(1, in, rank);
-        ThinMmOut(t, x, a_cat.t());
+        at::mm_out(t, x, a_cat.t());
       }
       if (cols > rank) x_ext.narrow(1, in + rank, cols - rank).zero_();
       y = group.bias.defined() ? torch::addmm(group.bias, x_ext, top.t()) : torch::mm(x_ext, top.t());
@@ -152,7 +151,7 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
       // x W^T added onto it in the frozen GEMM's epilogue (beta 1), instead
       // of copying x into a widened buffer. The LoRA term is rounded to the
       // model dtype once more than in the widened product.
-      t = ThinMm(x, a_cat.t());
+      t = torch::mm(x, a_cat.t());
       const torch::Tensor sb_t = top.narrow(1, in, rank).t();
       y = group.bias.defined() ? torch::addmm(group.bias, t, sb_t) : torch::mm(t, sb_t);
       y.addmm_(x, top.narrow(1, 0, in).t());
@@ -231,17 +230,17 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
       const torch::Tensor g_ext = WidenedView(g, out_total, a_rows);
       if (g_ext.defined()) {
         u = g_ext.narrow(1, out_total, rank);
-        ThinMmOut(u, g, sb);
+        at::mm_out(u, g, sb);
         if (a_rows > rank) g_ext.narrow(1, out_total + rank, a_rows - rank).zero_();
         grad_x = torch::mm(g_ext, widened.narrow(1, 0, in));
       } else {
-        u = ThinMm(g, sb);
+        u = torch::mm(g, sb);
         grad_x = torch::mm(ConcatPadded(g, u, widened.size(0)), widened.narrow(1, 0, in));
       }
     } else {
       // u first, a thin product over g; then the input gradient, if needed,
       // dense: onto u A, or as g W alone.
-      if (rank > 0) u = ThinMm(g, top.narrow(1, in, rank));
+      if (rank > 0) u = torch::mm(g, top.narrow(1, in, rank));
       if (need_x && rank > 0) {
         // u A first (a thin product), then g W added onto it in the GEMM's
         // epilogue (beta 1): no pass over the input gradient afterwards.
@@ -259,7 +258,7 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
       // arithmetic to spare on a pass bound by memory). Per member, g_i^T t_i
       // streamed g at 1.5-1.8 TB/s for the 1024- and 4096-wide members on an
       // H200 (8b profile), against about 3.7 for a product of this shape.
-      const torch::Tensor grad_bt = ThinMm(t.t(), g);
+      const torch::Tensor grad_bt = torch::mm(t.t(), g);
       // dA_i = u_i^T x; dB_i = s_i g_i^T t_i; back to the float32 parameters,
       // scaled and cast by one batch of copies for the whole group.
       std::vector<ScaledCast> casts;
@@ -303,10 +302,10 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
       // x = w * (h * rstd) by rows: u^T x = ((rstd u)^T h) w, float32 around
       // the GEMM (in the model dtype, like the plain product).
       const torch::Tensor scaled = (u.to(torch::kFloat32) * norm_rstd.unsqueeze(1)).to(norm_input.scalar_type());
-      return ThinMm(scaled.t(), norm_input).to(torch::kFloat32).mul_(norm_weight.to(torch::kFloat32));
+      return torch::mm(scaled.t(), norm_input).to(torch::kFloat32).mul_(norm_weight.to(torch::kFloat32));
     }
-    if (gate.defined()) return ThinMm(u.t(), FusedSwiGlu(gate, up));  // x again, freed after the GEMM
-    return ThinMm(u.t(), x);
+    if (gate.defined()) return torch::mm(u.t(), FusedSwiGlu(gate, up));  // x again, freed after the GEMM
+    return torch::mm(u.t(), x);
   }
 
   // The members' output gradients side by side (N, sum out): the buffer they

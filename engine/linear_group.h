@@ -29,10 +29,6 @@
 // is not copied into a widened buffer: the thin LoRA product s (x A^T) B^T
 // comes first, and the frozen GEMM adds x W^T onto it (beta 1).
 //
-// The thin products around the GEMMs (x A^T, u = s g B where the GEMM does not
-// give it, t^T g for every member's dB at once, u^T x for the dA's) run on the
-// thin-product kernels (engine/thin_products.h) where they apply.
-//
 // Where the node does not apply (weights that need gradients, LoRA dropout in
 // training, a group not widened), each member's Linear::Forward runs and
 // autograd does the rest. Same products in the model dtype as Forward, with

@@ -3,10 +3,9 @@
 # machine's PyTorch with CUDA, runs the whole suite on the CPU, the parity and packing suites on
 # CUDA in float32 and bfloat16, checks that PEFT loads an adapter trainerd wrote, runs the demo
 # on the GPU, and runs it again through trainerd (GPUs found by the worker) and trainctl; the fused
-# kernels', thin products' and speed paths' tests on CUDA, the thin products' micro-benchmark
-# (thin-products-bench.md), and the kernels under compute-sanitizer.
+# kernels' and speed paths' tests on CUDA, and the kernels under compute-sanitizer.
 # Logs go to $OUT (or /tmp/gpu-check).
-# QUICK=1: only the engine's CUDA suites (parity, packing, fused kernels, thin products, speed paths; about two
+# QUICK=1: only the engine's CUDA suites (parity, packing, fused kernels, speed paths; about two
 # minutes with the build): the targets they need are built, and the CPU suite, compute-sanitizer,
 # the PEFT and transformers loads, the demo and the daemon are skipped.
 set -uo pipefail
@@ -21,8 +20,7 @@ b=/tmp/b
 } 2>&1 | tee "$out/versions.txt"
 quick=${QUICK:-0}
 targets=()
-[ "$quick" = 1 ] && targets=(--target parity_test packing_test fused_ops_test speed_paths_test thin_products_test
-  thin_products_bench)
+[ "$quick" = 1 ] && targets=(--target parity_test packing_test fused_ops_test speed_paths_test)
 cmake -S . -B $b -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
   -DCMAKE_PREFIX_PATH="$TORCH_PREFIX;$R/usr" \
   > "$out/build.log" 2>&1 && cmake --build $b -j16 "${targets[@]}" -- -k 0 >> "$out/build.log" 2>&1
@@ -41,22 +39,15 @@ for dtype in float32 bfloat16; do
 done
 echo "== the fused kernels and the speed paths on cuda (bfloat16 and float32), then under compute-sanitizer"
 TRAINERD_TEST_DEVICE=cuda $b/tests/engine/fused_ops_test > "$out/fused-ops-cuda.log" 2>&1; echo "fused_ops_test rc $?"
-$b/tests/engine/thin_products_test > "$out/thin-products-cuda.log" 2>&1; echo "thin_products_test rc $?"
-$b/bench/thin_products/thin_products_bench > "$out/thin-products-bench.md" 2>&1; echo "thin_products_bench rc $?"
 for dtype in bfloat16 float32; do
   TRAINERD_TEST_DEVICE=cuda TRAINERD_TEST_DTYPE=$dtype $b/tests/engine/speed_paths_test > "$out/speed-paths-cuda-$dtype.log" 2>&1
   echo "speed_paths_test $dtype rc $?"
 done
 if [ "$quick" = 1 ]; then
-  for log in "$out"/fused-ops-cuda.log "$out"/thin-products-cuda.log "$out"/speed-paths-cuda-*.log; do
-    grep -E '^\[  (PASSED|FAILED)' "$log"
-  done
-  cat "$out/thin-products-bench.md"
+  for log in "$out"/fused-ops-cuda.log "$out"/speed-paths-cuda-*.log; do grep -E '^\[  (PASSED|FAILED)' "$log"; done
   exit 0
 fi
 OUT=$out/sanitize bash scripts/gpu-sanitize.sh $b
-OUT=$out/sanitize-thin BIN=$b/tests/engine/thin_products_test FILTER='ThinProductsCudaTest.*' \
-  bash scripts/gpu-sanitize.sh $b
 echo "== PEFT loads the adapter trainerd wrote (trained on CUDA float32, checked on CPU)"
 python3 tools/check_peft_load.py tests/fixtures/llama/model /tmp/peft-float32 2>&1 | tail -1 | tee "$out/peft-load.txt"
 echo "== demo on the GPU"; $b/bin/trainerd-worker run etc/examples/tiny-lora.yaml > "$out/demo.log" 2>&1; echo "demo rc $?"; tail -3 "$out/demo.log"

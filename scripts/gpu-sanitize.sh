@@ -13,15 +13,13 @@
 # allocation and memcheck sees an access past its end; the tests run their
 # smaller shapes (TRAINERD_FUSED_TEST_QUICK) since the tools slow kernels down
 # by 10-100x. Usage: scripts/gpu-sanitize.sh [build dir, default /tmp/b].
-# BIN: another test binary of the same kind (thin_products_test, with
-# FILTER='ThinProductsCudaTest.*').
 # FILTER: a gtest filter over the CUDA tests (default every FusedOpsCudaTest),
 # e.g. FILTER='FusedOpsCudaTest.*RmsNorm*' after a change to one kernel.
 # Logs go to $OUT (or /tmp/gpu-sanitize); prints one summary line and exits
 # non-zero when a tool reported an error or the binary is missing.
 set -uo pipefail
 b=${1:-/tmp/b}
-bin=${BIN:-$b/tests/engine/fused_ops_test}
+bin=$b/tests/engine/fused_ops_test
 out=${OUT:-/tmp/gpu-sanitize}
 mkdir -p "$out"
 cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
