@@ -154,12 +154,10 @@ __global__ void __launch_bounds__(kMaxVecThreads)
   __shared__ float shared[32];
   const int nvec = hidden / kN;
   const float inv_hidden = 1.f / static_cast<float>(hidden);
-  uint4 wv[kVecs];  // the weight is the same for every row: loaded once
-#pragma unroll
-  for (int k = 0; k < kVecs; ++k) {
-    const int v = threadIdx.x + k * blockDim.x;
-    if (v < nvec) wv[k] = LoadVec(w + v * kN);
-  }
+  // The weight is read where it is used (from L1 or L2: every row reads the
+  // same), not held in registers: the 16 a thread it would hold cost a block
+  // per SM, and blocks (rows) in flight are what this bandwidth-bound kernel
+  // runs on.
   float acc[kWeightGrad ? kVecs * kN : 1];  // this thread's columns of dweight
 #pragma unroll
   for (int i = 0; i < (kWeightGrad ? kVecs * kN : 1); ++i) acc[i] = 0.f;
@@ -185,7 +183,7 @@ __global__ void __launch_bounds__(kMaxVecThreads)
         float xf[kN], df[kN], wf[kN];
         UnpackFloats<T>(xv[k], xf);
         UnpackFloats<T>(dv[k], df);
-        UnpackFloats<T>(wv[k], wf);
+        UnpackFloats<T>(LoadVec(w + (threadIdx.x + k * blockDim.x) * kN), wf);
 #pragma unroll
         for (int i = 0; i < kN; ++i) dot += df[i] * wf[i] * xf[i];
       }
@@ -199,7 +197,7 @@ __global__ void __launch_bounds__(kMaxVecThreads)
         float xf[kN], df[kN], wf[kN], out[kN];
         UnpackFloats<T>(xv[k], xf);
         UnpackFloats<T>(dv[k], df);
-        UnpackFloats<T>(wv[k], wf);
+        UnpackFloats<T>(LoadVec(w + (threadIdx.x + k * blockDim.x) * kN), wf);
 #pragma unroll
         for (int i = 0; i < kN; ++i) {
           out[i] = r * df[i] * wf[i] - coef * xf[i];
