@@ -991,9 +991,9 @@ TEST_F(FusedOpsCudaTest, SoftmaxCrossEntropyRowsChecksArguments) {
 }
 
 // RopeSegments refuses what it cannot do, naming itself, and writes nothing
-// then: too few or too
-// many segments, a segment without heads or with token strides shorter than
-// its heads, an odd or oversized head_dim, a null pointer; no tokens is fine.
+// then: too few or too many segments, a segment without heads or with token
+// strides shorter than its heads, an odd or oversized head_dim, a null
+// pointer; no tokens is fine.
 TEST_F(FusedOpsCudaTest, RopeSegmentsChecksArguments) {
   namespace k = trainerd::kernels;
   void* stream = c10::cuda::getCurrentCUDAStream().stream();
