@@ -185,6 +185,7 @@ const std::vector<Field>& Fields() {
        [](const Value& v, JobSpec* s) { return SetBool(v, &s->training.gradient_checkpointing); }},
       {"training.gradient_checkpointing_layers",
        [](const Value& v, JobSpec* s) { return SetInt(v, 1, &s->training.gradient_checkpointing_layers); }},
+      {"training.cuda_graphs", [](const Value& v, JobSpec* s) { return SetBool(v, &s->training.cuda_graphs); }},
       {"training.gradient_accumulation_steps",
        [](const Value& v, JobSpec* s) {
          return SetInt(v, 1, &s->training.gradient_accumulation_steps);

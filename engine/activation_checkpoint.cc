@@ -65,8 +65,12 @@ class CheckpointedLayerFunction : public torch::autograd::Function<CheckpointedL
   // grad even where h does not (the first layer's input, frozen embeddings).
   static tensor_list forward(AutogradContext* ctx, const torch::Tensor& h, const torch::Tensor& anchor,
                              const LlamaModel* model, int64_t index, const LlamaModel::AttentionInputs& in) {
-    at::Generator gen = DeviceGenerator(model->device());
-    ctx->saved_data["rng"] = GeneratorState(gen);
+    // The generator's state only where the layer draws random numbers: a
+    // CUDA graph's capture must not read it (engine/step_graph.h).
+    if (model->HasDropout()) {
+      at::Generator gen = DeviceGenerator(model->device());
+      ctx->saved_data["rng"] = GeneratorState(gen);
+    }
     ctx->saved_data["model"] = reinterpret_cast<int64_t>(model);
     ctx->saved_data["index"] = index;
     ctx->saved_data["h_requires_grad"] = h.requires_grad();
@@ -82,15 +86,19 @@ class CheckpointedLayerFunction : public torch::autograd::Function<CheckpointedL
     const LlamaModel::AttentionInputs in = LoadInputs(ctx);
     torch::Tensor h = ctx->get_saved_variables()[0].detach();
     h.requires_grad_(ctx->saved_data["h_requires_grad"].toBool());
+    const bool rng = ctx->saved_data.find("rng") != ctx->saved_data.end();
     at::Generator gen = DeviceGenerator(model->device());
-    const torch::Tensor now = GeneratorState(gen);
-    SetGeneratorState(gen, ctx->saved_data["rng"].toTensor());
+    torch::Tensor now;
+    if (rng) {
+      now = GeneratorState(gen);
+      SetGeneratorState(gen, ctx->saved_data["rng"].toTensor());
+    }
     LlamaModel::Residual out;
     {
       torch::AutoGradMode enable(true);
       out = model->LayerForward(index, {h, {}}, in);
     }
-    SetGeneratorState(gen, now);
+    if (rng) SetGeneratorState(gen, now);
     tensor_list outputs, grads;  // the outputs that got a gradient
     for (int i = 0; i < 2; ++i) {
       const torch::Tensor& produced = i == 0 ? out.base : out.delta;

@@ -365,6 +365,15 @@ void LlamaModel::RefreshLoraCopies() const {
   engine::RefreshLoraCopies(groups);
 }
 
+bool LlamaModel::HasDropout() const {
+  for (const DecoderLayer& l : layers_) {
+    for (const Linear* m : {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj, &l.up_proj, &l.down_proj}) {
+      if (m->lora && m->lora->dropout > 0) return true;
+    }
+  }
+  return false;
+}
+
 torch::Tensor LlamaModel::Logits(const torch::Tensor& hidden) const {
   return torch::nn::functional::linear(hidden, lm_head_);
 }

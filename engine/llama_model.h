@@ -180,11 +180,18 @@ class LlamaModel {
   // Whether lm_head shares the embedding's tensor (tie_word_embeddings).
   bool tied() const { return config_.tie_word_embeddings; }
 
+  // Every widened group's LoRA copies up to date in one batch (after an
+  // optimizer step: engine/linear_group.h, RefreshLoraCopies). Hidden does it
+  // first; a replayed CUDA graph of the forward does not (engine/step_graph.h).
+  void RefreshLoraCopies() const;
+
+  // Whether a LoRA module draws dropout in training: the forward then uses
+  // random numbers (what activation checkpointing must replay, and what a
+  // CUDA graph of the step cannot hold).
+  bool HasDropout() const;
+
  private:
   explicit LlamaModel(ModelConfig config) : config_(std::move(config)) {}
-  // Every widened group's LoRA copies up to date in one batch (after an
-  // optimizer step: engine/linear_group.h, RefreshLoraCopies).
-  void RefreshLoraCopies() const;
   // x: the normalised layer input; x_recipe: how it was made (ForwardGroup).
   torch::Tensor Attention(const DecoderLayer& layer, const torch::Tensor& x, const InputRecipe& x_recipe,
                           const AttentionInputs& in) const;

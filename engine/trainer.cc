@@ -3,12 +3,14 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <optional>
 
 #include "engine/batch.h"
 #include "engine/device_memory.h"
 #include "engine/durable_files.h"
 #include "engine/flops.h"
 #include "engine/lr_schedule.h"
+#include "engine/step_graph.h"
 
 namespace trainerd::engine {
 namespace fs = std::filesystem;
@@ -55,6 +57,26 @@ torch::Tensor GradientNorm(const std::vector<torch::Tensor>& params, double max_
   }
   return total;
 }
+
+// The forward and backward passes of one optimizer step's micro-batches: the
+// gradients accumulated into the parameters' .grad, the loss sum returned
+// (0-dim float32). `targets`, the step's target count, is a 0-dim float32
+// tensor on the model's device, so that a CUDA graph of this function serves
+// every step (engine/step_graph.h).
+torch::Tensor ForwardBackward(const LlamaModel& model, const std::vector<Batch>& micro, const torch::Tensor& targets) {
+  torch::Tensor loss_sum = torch::zeros({}, targets.options());
+  for (const Batch& batch : micro) {
+    torch::Tensor loss = CausalLmLossSum(model, batch);
+    (loss / targets).backward();
+    loss_sum.add_(loss.detach());
+  }
+  return loss_sum;
+}
+
+// Eager steps a run takes before it records its step as a CUDA graph: they
+// make what a capture must find made (cuDNN's plans, cuBLAS's workspace on the
+// stream, the optimizer's state, the LoRA copies).
+constexpr int64_t kEagerStepsBeforeGraph = 2;
 
 }  // namespace
 
@@ -229,6 +251,18 @@ StatusOr<RunResult> Trainer::Run(const RunOptions& options) {
   // The step whose loss and gradient norm are still on the device: read while
   // the next step's forward and backward run, so the host never waits for an
   // idle GPU (no synchronisation inside a step).
+  // The step as a CUDA graph where every step has the same shapes; its stream
+  // is the current one while it lives (engine/step_graph.h).
+  std::optional<StepGraph> graph;
+  if (t.cuda_graphs && StepGraph::Supported(model_.device())) {
+    const std::string obstacle = StepGraphObstacle(train_, model_.HasDropout());
+    if (obstacle.empty()) {
+      graph.emplace(params, model_.device());
+    } else {
+      reporter_.OnMessage("each step launches its kernels one by one, without a CUDA graph (training.cuda_graphs): " +
+                          obstacle);
+    }
+  }
   PendingStep pending;
   StepProfiler profiler(options.profile);
 
@@ -245,12 +279,21 @@ StatusOr<RunResult> Trainer::Run(const RunOptions& options) {
       tokens += micro.back().input_tokens;
       squared_lengths += micro.back().sum_squared_lengths;
     }
-    optimizer_->zero_grad();
-    torch::Tensor loss_sum = torch::zeros({}, f32);
-    for (const Batch& batch : micro) {
-      torch::Tensor loss = CausalLmLossSum(model_, batch);
-      (loss / static_cast<double>(targets)).backward();
-      loss_sum.add_(loss.detach());
+    torch::Tensor loss_sum;
+    if (graph && graph->Matches(micro)) {
+      model_.RefreshLoraCopies();  // the graph reads the copies; the optimizer changed the parameters
+      loss_sum = graph->Run(micro, targets);
+    } else if (graph && !graph->captured() && step - first_step >= kEagerStepsBeforeGraph) {
+      model_.RefreshLoraCopies();
+      const auto body = [this](const std::vector<Batch>& batches, const torch::Tensor& count) {
+        return ForwardBackward(model_, batches, count);
+      };
+      TRAINERD_ASSIGN_OR_RETURN(loss_sum, graph->CaptureAndRun(micro, targets, body));
+      reporter_.OnMessage("step " + std::to_string(step + 1) +
+                          " recorded as a CUDA graph (training.cuda_graphs); the later steps replay it");
+    } else {
+      optimizer_->zero_grad();
+      loss_sum = ForwardBackward(model_, micro, torch::full({}, static_cast<double>(targets), f32));
     }
     if (pending.step > 0) TRAINERD_RETURN_IF_ERROR(Resolve(pending, window, first_step, start, result, false));
     torch::Tensor grad_norm = GradientNorm(params, t.max_grad_norm);
@@ -295,10 +338,14 @@ StatusOr<RunResult> Trainer::Run(const RunOptions& options) {
     if ((periodic && !last) || (stopping && !last)) TRAINERD_RETURN_IF_ERROR(Checkpoint(state, result));
     if (stopping && !last) {
       result.stopped = true;
-      return result;
+      break;
     }
   }
-  model_.set_training(false);
+  if (graph && graph->captured()) {
+    reporter_.OnMessage("the CUDA graph ran " + std::to_string(graph->runs()) + " of this run's " +
+                        std::to_string(state.step - first_step) + " steps");
+  }
+  if (!result.stopped) model_.set_training(false);
   return result;
 }
 

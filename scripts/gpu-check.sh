@@ -5,7 +5,7 @@
 # on the GPU, and runs it again through trainerd (GPUs found by the worker) and trainctl; the fused
 # kernels' and speed paths' tests on CUDA, and the kernels under compute-sanitizer.
 # Logs go to $OUT (or /tmp/gpu-check).
-# QUICK=1: only the engine's CUDA suites (parity, packing, fused kernels, speed paths; about two
+# QUICK=1: only the engine's CUDA suites (parity, packing, fused kernels, speed paths, step graphs; about two
 # minutes with the build): the targets they need are built, and the CPU suite, compute-sanitizer,
 # the PEFT and transformers loads, the demo and the daemon are skipped.
 set -uo pipefail
@@ -20,7 +20,7 @@ b=/tmp/b
 } 2>&1 | tee "$out/versions.txt"
 quick=${QUICK:-0}
 targets=()
-[ "$quick" = 1 ] && targets=(--target parity_test packing_test fused_ops_test speed_paths_test)
+[ "$quick" = 1 ] && targets=(--target parity_test packing_test fused_ops_test speed_paths_test step_graph_test)
 cmake -S . -B $b -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
   -DCMAKE_PREFIX_PATH="$TORCH_PREFIX;$R/usr" \
   > "$out/build.log" 2>&1 && cmake --build $b -j16 "${targets[@]}" -- -k 0 >> "$out/build.log" 2>&1
@@ -42,9 +42,11 @@ TRAINERD_TEST_DEVICE=cuda $b/tests/engine/fused_ops_test > "$out/fused-ops-cuda.
 for dtype in bfloat16 float32; do
   TRAINERD_TEST_DEVICE=cuda TRAINERD_TEST_DTYPE=$dtype $b/tests/engine/speed_paths_test > "$out/speed-paths-cuda-$dtype.log" 2>&1
   echo "speed_paths_test $dtype rc $?"
+  TRAINERD_TEST_DEVICE=cuda TRAINERD_TEST_DTYPE=$dtype $b/tests/engine/step_graph_test > "$out/step-graph-cuda-$dtype.log" 2>&1
+  echo "step_graph_test $dtype rc $?"
 done
 if [ "$quick" = 1 ]; then
-  for log in "$out"/fused-ops-cuda.log "$out"/speed-paths-cuda-*.log; do grep -E '^\[  (PASSED|FAILED)' "$log"; done
+  for log in "$out"/fused-ops-cuda.log "$out"/speed-paths-cuda-*.log "$out"/step-graph-cuda-*.log; do grep -E '^\[  (PASSED|FAILED)' "$log"; done
   exit 0
 fi
 OUT=$out/sanitize bash scripts/gpu-sanitize.sh $b

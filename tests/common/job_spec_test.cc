@@ -553,6 +553,16 @@ TEST(JobSpecTest, GradientCheckpointingLayers) {
               {"job.yaml:6:", "training.gradient_checkpointing_layers"});
 }
 
+TEST(JobSpecTest, CudaGraphs) {
+  const StatusOr<JobSpec> unset = Parse(kMinimal);
+  ASSERT_TRUE(unset.ok()) << unset.status().message();
+  EXPECT_TRUE(unset->training.cuda_graphs);
+  const StatusOr<JobSpec> off = Parse(std::string(kMinimal) + "training: {cuda_graphs: false}\n");
+  ASSERT_TRUE(off.ok()) << off.status().message();
+  EXPECT_FALSE(off->training.cuda_graphs);
+  ExpectError(std::string(kMinimal) + "training:\n  cuda_graphs: sometimes\n", {"job.yaml:5:", "training.cuda_graphs"});
+}
+
 TEST(JobSpecTest, DuplicateKey) {
   ExpectError(std::string(kMinimal) + "training:\n  seed: 1\n  epochs: 2\n  seed: 2\n",
               {"job.yaml:7:", "duplicate key 'training.seed'", "first set on line 5"});
