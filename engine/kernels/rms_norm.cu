@@ -179,11 +179,12 @@ __global__ void __launch_bounds__(kMaxVecThreads)
     float dot = 0.f;  // sum_i g_i x_i, g = dy * w
 #pragma unroll
     for (int k = 0; k < kVecs; ++k) {
-      if (threadIdx.x + k * blockDim.x < nvec) {
+      const int v = threadIdx.x + k * blockDim.x;
+      if (v < nvec) {
         float xf[kN], df[kN], wf[kN];
         UnpackFloats<T>(xv[k], xf);
         UnpackFloats<T>(dv[k], df);
-        UnpackFloats<T>(LoadVec(w + (threadIdx.x + k * blockDim.x) * kN), wf);
+        UnpackFloats<T>(LoadVec(w + v * kN), wf);
 #pragma unroll
         for (int i = 0; i < kN; ++i) dot += df[i] * wf[i] * xf[i];
       }
@@ -197,7 +198,7 @@ __global__ void __launch_bounds__(kMaxVecThreads)
         float xf[kN], df[kN], wf[kN], out[kN];
         UnpackFloats<T>(xv[k], xf);
         UnpackFloats<T>(dv[k], df);
-        UnpackFloats<T>(LoadVec(w + (threadIdx.x + k * blockDim.x) * kN), wf);
+        UnpackFloats<T>(LoadVec(w + v * kN), wf);
 #pragma unroll
         for (int i = 0; i < kN; ++i) {
           out[i] = r * df[i] * wf[i] - coef * xf[i];
