@@ -16,8 +16,9 @@ torch::Tensor ToDevice(const torch::Tensor& t, const torch::Device& device) {
 
 }  // namespace
 
-Batch MakeBatch(const std::vector<const TokenExample*>& examples, const torch::Device& device) {
-  size_t width = 0;
+Batch MakeBatch(const std::vector<const TokenExample*>& examples, const torch::Device& device,
+                const BatchShape& shape) {
+  size_t width = static_cast<size_t>(std::max<int64_t>(shape.width, 0));
   for (const TokenExample* ex : examples) width = std::max(width, ex->input_ids.size());
   const int64_t rows = static_cast<int64_t>(examples.size());
   torch::Tensor ids = torch::zeros({rows, static_cast<int64_t>(width)}, torch::kInt64);
@@ -56,7 +57,7 @@ Batch MakeBatch(const std::vector<const TokenExample*>& examples, const torch::D
   batch.input_ids = ToDevice(ids, device);
   batch.labels = ToDevice(labels, device);
   if (packed) batch.position_ids = ToDevice(positions, device);
-  if (packed && device.is_cuda()) batch.segments = PackedSegmentsFromPositions(positions, device);
+  if (packed && device.is_cuda()) batch.segments = PackedSegmentsFromPositions(positions, device, shape.segments);
   return batch;
 }
 

@@ -25,11 +25,21 @@ struct Batch {
   double sum_squared_lengths = 0;
 };
 
-// Pads the examples to the longest one. Padding sits after each row's real
-// tokens, so causal attention keeps it from influencing them. On CUDA the
-// tensors travel through pinned memory with asynchronous copies: building a
-// batch never waits for the GPU to finish the work already queued.
-Batch MakeBatch(const std::vector<const TokenExample*>& examples, const torch::Device& device);
+// A fixed shape for batches, so that every step's batches look alike (a CUDA
+// graph's replay, engine/step_graph.h): rows padded to at least `width`
+// tokens, and packed batches' segments padded to `segments`
+// (PackedSegmentsFromPositions' capacity). Zeros: as the examples need.
+struct BatchShape {
+  int64_t width = 0;
+  int64_t segments = 0;
+};
+
+// Pads the examples to the longest one (or shape.width). Padding sits after
+// each row's real tokens, so causal attention keeps it from influencing them.
+// On CUDA the tensors travel through pinned memory with asynchronous copies:
+// building a batch never waits for the GPU to finish the work already queued.
+Batch MakeBatch(const std::vector<const TokenExample*>& examples, const torch::Device& device,
+                const BatchShape& shape = {});
 
 // Sum over target positions of -log softmax(logits)[label], computed in
 // float32, as a 0-dim float32 tensor (differentiable). The logits at

@@ -86,7 +86,8 @@ torch::Tensor PackedAttentionMask(const torch::Tensor& position_ids) {
   return (same & causal).unsqueeze(1);
 }
 
-PackedSegments PackedSegmentsFromPositions(const torch::Tensor& position_ids, const torch::Device& device) {
+PackedSegments PackedSegmentsFromPositions(const torch::Tensor& position_ids, const torch::Device& device,
+                                           int64_t capacity) {
   TORCH_CHECK(position_ids.dim() == 2, "position_ids must be (B, T), got ", position_ids.sizes());
   const torch::Tensor pos = position_ids.to(torch::kCPU, torch::kInt64).contiguous();
   const int64_t t = pos.size(1), total = pos.numel();
@@ -103,6 +104,12 @@ PackedSegments PackedSegmentsFromPositions(const torch::Tensor& position_ids, co
   }
   if (!cu.empty()) max_len = std::max(max_len, total - cu.back());
   cu.push_back(static_cast<int32_t>(total));
+  if (capacity > 0) {
+    TORCH_CHECK(static_cast<int64_t>(cu.size()) - 1 <= capacity, "a batch of ", cu.size() - 1,
+                " segments exceeds the capacity of ", capacity);
+    cu.resize(static_cast<size_t>(capacity) + 1, static_cast<int32_t>(total));
+    max_len = t;
+  }
   PackedSegments s;
   torch::Tensor host = torch::from_blob(cu.data(), {static_cast<int64_t>(cu.size())}, torch::kInt32).clone();
   // Pinned and asynchronous on CUDA: no wait for the stream's queued work.

@@ -71,8 +71,13 @@ struct PackedSegments {
 // Segments from position_ids (B, T) int64, cu_seqlens placed on `device`.
 // Computed on the CPU: position_ids on the GPU are copied to the host first
 // (a sync), so a caller that has them on the CPU (MakeBatch) computes the
-// segments there and passes them along.
-PackedSegments PackedSegmentsFromPositions(const torch::Tensor& position_ids, const torch::Device& device);
+// segments there and passes them along. capacity > 0: exactly `capacity`
+// segments, those past the batch's own empty (cu_seqlens ends in copies of
+// B*T), and max_len T: batches of one width then have one shape, whatever
+// their examples (a CUDA graph's replay, engine/step_graph.h). A batch with
+// more segments than `capacity` is a caller's error (checked).
+PackedSegments PackedSegmentsFromPositions(const torch::Tensor& position_ids, const torch::Device& device,
+                                           int64_t capacity = 0);
 
 // One segment per row of an unpacked (B, T) batch, built on `device` without
 // a host synchronisation.

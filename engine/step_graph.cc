@@ -1,5 +1,7 @@
 #include "engine/step_graph.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <optional>
 
 #include <torch/version.h>
@@ -16,18 +18,45 @@
 
 namespace trainerd::engine {
 
-std::string StepGraphObstacle(const TokenDataset& data, bool dropout) {
-  if (dropout) return "LoRA dropout draws new random numbers every step";
-  size_t length = 0;
-  for (const TokenExample& ex : data.examples) {
-    if (!ex.position_ids.empty()) return "packed examples change the attention's segments from step to step";
-    if (length == 0) length = ex.input_ids.size();
-    if (ex.input_ids.size() != length) {
-      return "the examples differ in length (from " + std::to_string(length) + " to " +
-             std::to_string(ex.input_ids.size()) + " tokens), so batches differ in width";
-    }
+StepGraphPlan PlanStepGraph(const TokenDataset& data, bool dropout, int64_t micro_batch_size) {
+  StepGraphPlan plan;
+  if (dropout) {
+    plan.obstacle = "LoRA dropout draws new random numbers every step";
+    return plan;
   }
-  return "";
+  if (data.examples.empty()) return plan;
+  const bool packed = !data.examples.front().position_ids.empty();
+  size_t longest = 0, shortest = SIZE_MAX;
+  int64_t tokens = 0, most_examples = 0;
+  for (const TokenExample& ex : data.examples) {
+    if (ex.position_ids.empty() == packed) {
+      plan.obstacle = "packed and unpacked examples are mixed";
+      return plan;
+    }
+    longest = std::max(longest, ex.input_ids.size());
+    shortest = std::min(shortest, ex.input_ids.size());
+    tokens += static_cast<int64_t>(ex.input_ids.size());
+    int64_t examples = 0;
+    for (int64_t p : ex.position_ids) examples += p == 0 ? 1 : 0;
+    most_examples = std::max(most_examples, examples);
+  }
+  if (!packed) {
+    if (shortest != longest) {
+      plan.obstacle = "the examples differ in length (from " + std::to_string(shortest) + " to " +
+                      std::to_string(longest) + " tokens), so batches differ in width";
+    }
+    return plan;
+  }
+  const double padded = static_cast<double>(longest) * static_cast<double>(data.examples.size());
+  const double waste = 1.0 - static_cast<double>(tokens) / padded;
+  if (waste > 0.1) {
+    plan.obstacle = "padding every packed row to the longest (" + std::to_string(longest) + " tokens) would add " +
+                    std::to_string(static_cast<int>(waste * 100 + 0.5)) + "% padding";
+    return plan;
+  }
+  plan.shape.width = static_cast<int64_t>(longest);
+  plan.shape.segments = micro_batch_size * (most_examples + 1);
+  return plan;
 }
 
 #ifdef TRAINERD_WITH_CUDA_GRAPHS
@@ -68,12 +97,29 @@ StepGraph::~StepGraph() {
 
 bool StepGraph::captured() const { return state_->captured; }
 
+namespace {
+
+bool SameShape(const torch::Tensor& a, const torch::Tensor& b) {
+  return a.defined() == b.defined() && (!a.defined() || a.sizes() == b.sizes());
+}
+
+// The tensors of a batch that a graph reads, in a fixed order (undefined where the batch has none).
+std::vector<torch::Tensor*> Inputs(Batch& b) {
+  return {&b.input_ids, &b.labels, &b.position_ids, &b.segments.cu_seqlens};
+}
+
+}  // namespace
+
 bool StepGraph::Matches(const std::vector<Batch>& batches) const {
   const State& s = *state_;
   if (!s.captured || batches.size() != s.inputs.size()) return false;
   for (size_t i = 0; i < batches.size(); ++i) {
-    if (batches[i].position_ids.defined() || batches[i].segments.defined()) return false;
-    if (batches[i].input_ids.sizes() != s.inputs[i].input_ids.sizes()) return false;
+    const Batch &b = batches[i], &c = s.inputs[i];
+    if (!SameShape(b.input_ids, c.input_ids) || !SameShape(b.labels, c.labels) ||
+        !SameShape(b.position_ids, c.position_ids) || !SameShape(b.segments.cu_seqlens, c.segments.cu_seqlens) ||
+        b.segments.max_len != c.segments.max_len) {
+      return false;
+    }
   }
   return true;
 }
@@ -84,12 +130,10 @@ StatusOr<torch::Tensor> StepGraph::CaptureAndRun(const std::vector<Batch>& batch
   TORCH_CHECK(!s.captured, "StepGraph: captured already");
   s.inputs.clear();
   for (const Batch& b : batches) {
-    if (b.position_ids.defined() || b.segments.defined()) {
-      return Status::Error("a CUDA graph of the step cannot take packed batches");
-    }
     Batch copy = b;
-    copy.input_ids = b.input_ids.clone();
-    copy.labels = b.labels.clone();
+    for (torch::Tensor* t : Inputs(copy)) {
+      if (t->defined()) *t = t->clone();
+    }
     s.inputs.push_back(std::move(copy));
   }
   s.targets = torch::full({}, static_cast<double>(targets),
@@ -125,8 +169,11 @@ torch::Tensor StepGraph::Run(const std::vector<Batch>& batches, int64_t targets)
   State& s = *state_;
   TORCH_CHECK(Matches(batches), "StepGraph::Run: the batches do not have the captured shapes");
   for (size_t i = 0; i < batches.size(); ++i) {
-    s.inputs[i].input_ids.copy_(batches[i].input_ids, /*non_blocking=*/true);
-    s.inputs[i].labels.copy_(batches[i].labels, /*non_blocking=*/true);
+    Batch source = batches[i];
+    const std::vector<torch::Tensor*> from = Inputs(source), to = Inputs(s.inputs[i]);
+    for (size_t k = 0; k < from.size(); ++k) {
+      if (from[k]->defined()) to[k]->copy_(*from[k], /*non_blocking=*/true);
+    }
   }
   s.targets.fill_(static_cast<double>(targets));
   s.graph.replay();

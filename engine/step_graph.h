@@ -5,14 +5,16 @@
 // launch them as fast as the GPU runs them and the GPU waits; a graph
 // launches the whole recorded sequence at once. Measured on an H200
 // (bench/speed/NOTES.md, "CUDA graphs of the step"): llama3-1b at 1 x 512
-// tokens 3.8 times the steps a second, at 2 x 1024 1.7 times; at the bench's
-// large rows, where the card runs at its power limit, within 1%.
+// tokens 3.8 times the steps a second, at 2 x 1024 1.7 times (packed rows:
+// 1.5 times); at the bench's large rows, where the card runs at its power
+// limit, within 1%.
 //
 // A replay repeats exactly what was recorded: the same kernels, on the same
 // addresses, with the same arguments. Hence the contract:
-//  - every step has the shapes of the captured one (StepGraphObstacle says
-//    whether a job's data guarantees it); its batch is copied into the
-//    graph's own input buffers first;
+//  - every step has the shapes of the captured one (PlanStepGraph gives the
+//    batch shape that guarantees it for a job's data); its batch (token ids,
+//    labels, positions and segments) is copied into the graph's own input
+//    buffers first;
 //  - the body divides by the step's target count read from a device scalar
 //    the graph owns, not from a number baked into a kernel's arguments;
 //  - the body draws no random numbers (no dropout) and never synchronises
@@ -45,12 +47,20 @@
 
 namespace trainerd::engine {
 
-// Why steps over `data` cannot run as one graph ("" when they can): LoRA
-// dropout (`dropout`: LlamaModel::HasDropout; random numbers), packed examples
-// (their attention segments differ from step to step), or examples of
-// different lengths (unpacked batches are as wide as their longest row).
-// Independent of the device.
-std::string StepGraphObstacle(const TokenDataset& data, bool dropout);
+// How the steps of a job over `data` run as one graph: the batch shape that
+// makes every step's batches alike, or why they cannot (`obstacle`, "" when
+// they can). Independent of the device.
+//  - LoRA dropout (`dropout`: LlamaModel::HasDropout) draws random numbers: no graph.
+//  - Unpacked examples must all have one length: padding every batch to the
+//    longest example instead of its own longest row costs more than a graph saves.
+//  - Packed rows are padded to the longest row, and their segments to
+//    micro_batch_size times (the most examples in a row, plus a row's padding),
+//    unless that padding would be more than a tenth of the tokens.
+struct StepGraphPlan {
+  std::string obstacle;
+  BatchShape shape;
+};
+StepGraphPlan PlanStepGraph(const TokenDataset& data, bool dropout, int64_t micro_batch_size);
 
 class StepGraph {
  public:

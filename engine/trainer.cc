@@ -253,14 +253,18 @@ StatusOr<RunResult> Trainer::Run(const RunOptions& options) {
   // idle GPU (no synchronisation inside a step).
   // The step as a CUDA graph where every step has the same shapes; its stream
   // is the current one while it lives (engine/step_graph.h).
+  // The batches then all take the plan's shape, the eager steps before the
+  // capture included.
   std::optional<StepGraph> graph;
+  BatchShape shape;
   if (t.cuda_graphs && StepGraph::Supported(model_.device())) {
-    const std::string obstacle = StepGraphObstacle(train_, model_.HasDropout());
-    if (obstacle.empty()) {
+    const StepGraphPlan plan = PlanStepGraph(train_, model_.HasDropout(), t.micro_batch_size);
+    if (plan.obstacle.empty()) {
       graph.emplace(params, model_.device());
+      shape = plan.shape;
     } else {
       reporter_.OnMessage("each step launches its kernels one by one, without a CUDA graph (training.cuda_graphs): " +
-                          obstacle);
+                          plan.obstacle);
     }
   }
   PendingStep pending;
@@ -274,7 +278,7 @@ StatusOr<RunResult> Trainer::Run(const RunOptions& options) {
     for (int64_t a = 0; a < t.gradient_accumulation_steps; ++a) {
       std::vector<const TokenExample*> chunk;
       for (int64_t i = 0; i < t.micro_batch_size; ++i) chunk.push_back(&ExampleAt(state.cursor++));
-      micro.push_back(MakeBatch(chunk, model_.device()));
+      micro.push_back(MakeBatch(chunk, model_.device(), shape));
       targets += micro.back().target_tokens;
       tokens += micro.back().input_tokens;
       squared_lengths += micro.back().sum_squared_lengths;
