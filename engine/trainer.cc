@@ -248,13 +248,9 @@ StatusOr<RunResult> Trainer::Run(const RunOptions& options) {
   std::vector<torch::Tensor> params;
   for (const auto& [_, p] : trainable_) params.push_back(p);
   const auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(model_.device());
-  // The step whose loss and gradient norm are still on the device: read while
-  // the next step's forward and backward run, so the host never waits for an
-  // idle GPU (no synchronisation inside a step).
-  // The step as a CUDA graph where every step has the same shapes; its stream
-  // is the current one while it lives (engine/step_graph.h).
-  // The batches then all take the plan's shape, the eager steps before the
-  // capture included.
+  // The step as a CUDA graph where every step can have one shape (the plan's:
+  // every batch takes it, the eager steps before the capture included); the
+  // graph's stream is the current one while it lives (engine/step_graph.h).
   std::optional<StepGraph> graph;
   BatchShape shape;
   if (t.cuda_graphs && StepGraph::Supported(model_.device())) {
@@ -267,6 +263,9 @@ StatusOr<RunResult> Trainer::Run(const RunOptions& options) {
                           plan.obstacle);
     }
   }
+  // The step whose loss and gradient norm are still on the device: read while
+  // the next step's forward and backward run, so the host never waits for an
+  // idle GPU (no synchronisation inside a step).
   PendingStep pending;
   StepProfiler profiler(options.profile);
 
