@@ -1,6 +1,7 @@
 #include "engine/step_graph.h"
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <optional>
 
@@ -103,9 +104,11 @@ bool SameShape(const torch::Tensor& a, const torch::Tensor& b) {
   return a.defined() == b.defined() && (!a.defined() || a.sizes() == b.sizes());
 }
 
-// The tensors of a batch that a graph reads, in a fixed order (undefined where the batch has none).
-std::vector<torch::Tensor*> Inputs(Batch& b) {
-  return {&b.input_ids, &b.labels, &b.position_ids, &b.segments.cu_seqlens};
+// The tensors of a batch that a graph reads, in a fixed order (undefined where
+// the batch has none); B is Batch or const Batch.
+template <typename B>
+auto Inputs(B& b) {
+  return std::array<decltype(&b.input_ids), 4>{&b.input_ids, &b.labels, &b.position_ids, &b.segments.cu_seqlens};
 }
 
 }  // namespace
@@ -114,12 +117,11 @@ bool StepGraph::Matches(const std::vector<Batch>& batches) const {
   const State& s = *state_;
   if (!s.captured || batches.size() != s.inputs.size()) return false;
   for (size_t i = 0; i < batches.size(); ++i) {
-    const Batch &b = batches[i], &c = s.inputs[i];
-    if (!SameShape(b.input_ids, c.input_ids) || !SameShape(b.labels, c.labels) ||
-        !SameShape(b.position_ids, c.position_ids) || !SameShape(b.segments.cu_seqlens, c.segments.cu_seqlens) ||
-        b.segments.max_len != c.segments.max_len) {
-      return false;
+    const auto from = Inputs(batches[i]), to = Inputs(s.inputs[i]);
+    for (size_t k = 0; k < from.size(); ++k) {
+      if (!SameShape(*from[k], *to[k])) return false;
     }
+    if (batches[i].segments.max_len != s.inputs[i].segments.max_len) return false;
   }
   return true;
 }
@@ -169,8 +171,8 @@ torch::Tensor StepGraph::Run(const std::vector<Batch>& batches, int64_t targets)
   State& s = *state_;
   TORCH_CHECK(Matches(batches), "StepGraph::Run: the batches do not have the captured shapes");
   for (size_t i = 0; i < batches.size(); ++i) {
-    Batch source = batches[i];
-    const std::vector<torch::Tensor*> from = Inputs(source), to = Inputs(s.inputs[i]);
+    const auto from = Inputs(batches[i]);  // const tensors
+    const auto to = Inputs(s.inputs[i]);
     for (size_t k = 0; k < from.size(); ++k) {
       if (from[k]->defined()) to[k]->copy_(*from[k], /*non_blocking=*/true);
     }
