@@ -3,11 +3,16 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <map>
 #include <optional>
+#include <set>
+#include <utility>
 
 #include <torch/version.h>
 
-#if defined(TRAINERD_WITH_C10_CUDA) && TORCH_VERSION_MAJOR >= 2
+// LibTorch 2.3 or later: the caching allocator's beginAllocateToPool with a stream filter.
+#if defined(TRAINERD_WITH_C10_CUDA) && \
+    (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3))
 #define TRAINERD_WITH_CUDA_GRAPHS 1
 #include <ATen/cuda/CUDAEvent.h>
 #include <ATen/cuda/CUDAGraph.h>
@@ -19,6 +24,13 @@
 
 namespace trainerd::engine {
 
+BatchShape StepGraphPlan::ShapeOf(const std::vector<const TokenExample*>& examples) const {
+  int64_t width = 0;
+  for (const TokenExample* ex : examples) width = std::max(width, static_cast<int64_t>(ex->input_ids.size()));
+  width = (width + kGraphWidthMultiple - 1) / kGraphWidthMultiple * kGraphWidthMultiple;
+  return BatchShape{std::min(width, longest), segments};
+}
+
 StepGraphPlan PlanStepGraph(const TokenDataset& data, bool dropout, int64_t micro_batch_size) {
   StepGraphPlan plan;
   if (dropout) {
@@ -27,61 +39,101 @@ StepGraphPlan PlanStepGraph(const TokenDataset& data, bool dropout, int64_t micr
   }
   if (data.examples.empty()) return plan;
   const bool packed = !data.examples.front().position_ids.empty();
-  size_t longest = 0, shortest = SIZE_MAX;
-  int64_t tokens = 0, most_examples = 0;
+  int64_t most_examples = 0;
   for (const TokenExample& ex : data.examples) {
     if (ex.position_ids.empty() == packed) {
       plan.obstacle = "packed and unpacked examples are mixed";
       return plan;
     }
-    longest = std::max(longest, ex.input_ids.size());
-    shortest = std::min(shortest, ex.input_ids.size());
-    tokens += static_cast<int64_t>(ex.input_ids.size());
+    plan.longest = std::max(plan.longest, static_cast<int64_t>(ex.input_ids.size()));
     int64_t examples = 0;
     for (int64_t p : ex.position_ids) examples += p == 0 ? 1 : 0;
     most_examples = std::max(most_examples, examples);
   }
-  if (!packed) {
-    if (shortest != longest) {
-      plan.obstacle = "the examples differ in length (from " + std::to_string(shortest) + " to " +
-                      std::to_string(longest) + " tokens), so batches differ in width";
-    }
-    return plan;
-  }
-  const double padded = static_cast<double>(longest) * static_cast<double>(data.examples.size());
-  const double waste = 1.0 - static_cast<double>(tokens) / padded;
-  if (waste > 0.1) {
-    plan.obstacle = "padding every packed row to the longest (" + std::to_string(longest) + " tokens) would add " +
-                    std::to_string(static_cast<int>(waste * 100 + 0.5)) + "% padding";
-    return plan;
-  }
-  plan.shape.width = static_cast<int64_t>(longest);
-  plan.shape.segments = micro_batch_size * (most_examples + 1);
+  // Packed: each row's examples, and one more segment for the row's padding.
+  if (packed) plan.segments = micro_batch_size * (most_examples + 1);
   return plan;
 }
 
 #ifdef TRAINERD_WITH_CUDA_GRAPHS
 
+namespace {
+
+// Steps a run takes kernel by kernel before it records a graph: they make what
+// a capture must find made (cuBLAS's workspace on the stream, the optimizer's
+// state, the LoRA copies, cuDNN's plans for the first shapes).
+constexpr int64_t kEagerStepsBeforeGraph = 2;
+
+using PoolId = decltype(std::declval<at::cuda::CUDAGraph&>().pool());
+
+// The tensors of a batch that a graph reads, in a fixed order (undefined where
+// the batch has none); B is Batch or const Batch.
+template <typename B>
+auto Inputs(B& b) {
+  return std::array<decltype(&b.input_ids), 4>{&b.input_ids, &b.labels, &b.position_ids, &b.segments.cu_seqlens};
+}
+
+// What makes two micro-batches replay the same graph: their tensors' sizes
+// (-1 for an absent one) and the segments' longest.
+std::vector<int64_t> ShapeKey(const Batch& b) {
+  std::vector<int64_t> key;
+  for (const torch::Tensor* t : Inputs(b)) {
+    key.push_back(t->defined() ? t->dim() : -1);
+    if (t->defined()) key.insert(key.end(), t->sizes().begin(), t->sizes().end());
+  }
+  key.push_back(b.segments.max_len);
+  return key;
+}
+
+// While alive, the stream's allocations come from the graphs' pool (a shape's
+// first, kernel-by-kernel micro-batch: its memory is the pool's, not beside it).
+class AllocateToPool {
+ public:
+  AllocateToPool(c10::DeviceIndex device, PoolId pool, cudaStream_t stream) : device_(device), pool_(pool) {
+    c10::cuda::CUDACachingAllocator::beginAllocateToPool(device_, pool_,
+                                                         [stream](cudaStream_t s) { return s == stream; });
+  }
+  ~AllocateToPool() {
+    c10::cuda::CUDACachingAllocator::endAllocateToPool(device_, pool_);
+    c10::cuda::CUDACachingAllocator::releasePool(device_, pool_);  // begin counted a use of the pool
+  }
+  AllocateToPool(const AllocateToPool&) = delete;
+  AllocateToPool& operator=(const AllocateToPool&) = delete;
+
+ private:
+  c10::DeviceIndex device_;
+  PoolId pool_;
+};
+
+}  // namespace
+
 struct StepGraph::State {
+  struct Graph {
+    at::cuda::CUDAGraph graph;
+    Batch inputs;        // the graph's input buffers
+    torch::Tensor loss;  // 0-dim float32, the graph's output (in the pool)
+  };
   std::vector<torch::Tensor> params;
+  Body body;
+  c10::DeviceIndex device;
   c10::cuda::CUDAStream stream;
   std::optional<c10::cuda::CUDAStreamGuard> stream_guard;
-  at::cuda::CUDAGraph graph;
-  bool captured = false;
-  std::vector<Batch> inputs;          // the graph's input buffers
-  torch::Tensor targets;              // 0-dim float32
-  torch::Tensor loss_sum;             // 0-dim float32, the graph's output
-  std::vector<torch::Tensor> grads;   // per parameter: the gradient the graph writes (undefined: none)
-  int64_t runs = 0;
+  std::map<std::vector<int64_t>, std::unique_ptr<Graph>> graphs;
+  std::set<std::vector<int64_t>> seen;  // shapes run kernel by kernel so far
+  std::optional<PoolId> pool;           // the graphs' memory pool, from the first capture on
+  torch::Tensor targets;                // 0-dim float32
+  int64_t steps = 0, micro_batches = 0, graph_runs = 0;
 
-  explicit State(const torch::Device& device) : stream(c10::cuda::getStreamFromPool(false, device.index())) {}
+  State(const torch::Device& d, Body b)
+      : body(std::move(b)), device(d.index()), stream(c10::cuda::getStreamFromPool(false, d.index())) {}
 };
 
 bool StepGraph::Supported(const torch::Device& device) { return device.is_cuda(); }
 
-StepGraph::StepGraph(std::vector<torch::Tensor> params, const torch::Device& device)
-    : state_(std::make_unique<State>(device)) {
+StepGraph::StepGraph(std::vector<torch::Tensor> params, const torch::Device& device, Body body)
+    : state_(std::make_unique<State>(device, std::move(body))) {
   state_->params = std::move(params);
+  state_->targets = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat32).device(device));
   // The new stream starts after everything queued on the current one.
   at::cuda::CUDAEvent ready;
   ready.record(c10::cuda::getCurrentCUDAStream(device.index()));
@@ -93,59 +145,62 @@ StepGraph::~StepGraph() {
   // Whoever reads the results next (export, another job) does so on the
   // previous stream: everything queued here finishes first.
   state_->stream.synchronize();
+  state_->graphs.clear();
   state_->stream_guard.reset();
 }
 
-bool StepGraph::captured() const { return state_->captured; }
-
-namespace {
-
-bool SameShape(const torch::Tensor& a, const torch::Tensor& b) {
-  return a.defined() == b.defined() && (!a.defined() || a.sizes() == b.sizes());
-}
-
-// The tensors of a batch that a graph reads, in a fixed order (undefined where
-// the batch has none); B is Batch or const Batch.
-template <typename B>
-auto Inputs(B& b) {
-  return std::array<decltype(&b.input_ids), 4>{&b.input_ids, &b.labels, &b.position_ids, &b.segments.cu_seqlens};
-}
-
-}  // namespace
-
-bool StepGraph::Matches(const std::vector<Batch>& batches) const {
-  const State& s = *state_;
-  if (!s.captured || batches.size() != s.inputs.size()) return false;
-  for (size_t i = 0; i < batches.size(); ++i) {
-    const auto from = Inputs(batches[i]), to = Inputs(s.inputs[i]);
-    for (size_t k = 0; k < from.size(); ++k) {
-      if (!SameShape(*from[k], *to[k])) return false;
-    }
-    if (batches[i].segments.max_len != s.inputs[i].segments.max_len) return false;
-  }
-  return true;
-}
-
-StatusOr<torch::Tensor> StepGraph::CaptureAndRun(const std::vector<Batch>& batches, int64_t targets,
-                                                 const Body& body) {
+void StepGraph::BeginStep(int64_t targets) {
   State& s = *state_;
-  TORCH_CHECK(!s.captured, "StepGraph: captured already");
-  s.inputs.clear();
-  for (const Batch& b : batches) {
-    Batch copy = b;
-    for (torch::Tensor* t : Inputs(copy)) {
-      if (t->defined()) *t = t->clone();
-    }
-    s.inputs.push_back(std::move(copy));
+  std::vector<torch::Tensor> grads;
+  for (torch::Tensor& p : s.params) {
+    if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
+    grads.push_back(p.grad());
   }
-  s.targets = torch::full({}, static_cast<double>(targets),
-                          torch::TensorOptions().dtype(torch::kFloat32).device(batches.front().input_ids.device()));
-  for (torch::Tensor& p : s.params) p.mutable_grad() = torch::Tensor();
+  at::_foreach_zero_(grads);
+  s.targets.fill_(static_cast<double>(targets));
+  ++s.steps;
+}
+
+StatusOr<torch::Tensor> StepGraph::Run(const Batch& batch) {
+  State& s = *state_;
+  ++s.micro_batches;
+  const std::vector<int64_t> key = ShapeKey(batch);
+  auto found = s.graphs.find(key);
+  if (found != s.graphs.end()) {
+    State::Graph& g = *found->second;
+    const auto from = Inputs(batch);  // const tensors
+    const auto to = Inputs(g.inputs);
+    for (size_t k = 0; k < from.size(); ++k) {
+      if (from[k]->defined()) to[k]->copy_(*from[k], /*non_blocking=*/true);
+    }
+    g.graph.replay();
+    ++s.graph_runs;
+    return g.loss;
+  }
+  if (s.steps <= kEagerStepsBeforeGraph || !s.seen.count(key)) {
+    s.seen.insert(key);
+    std::optional<AllocateToPool> in_pool;
+    if (s.pool) in_pool.emplace(s.device, *s.pool, s.stream.stream());
+    return s.body(batch, s.targets);
+  }
+  // Record: the input buffers first (outside the pool: they outlive every
+  // replay), then the body into the pool.
+  auto g = std::make_unique<State::Graph>();
+  g->inputs = batch;
+  for (torch::Tensor* t : Inputs(g->inputs)) {
+    if (t->defined()) *t = t->clone();
+  }
+  // Free cached blocks outside the pool, so that the pool does not hold the
+  // same memory a second time.
   c10::cuda::CUDACachingAllocator::emptyCache();
   try {
-    s.graph.capture_begin();
-    s.loss_sum = body(s.inputs, s.targets);
-    s.graph.capture_end();
+    if (s.pool) {
+      g->graph.capture_begin(*s.pool);
+    } else {
+      g->graph.capture_begin();
+    }
+    g->loss = s.body(g->inputs, s.targets);
+    g->graph.capture_end();
   } catch (const std::exception& e) {
     // Leave the stream out of capture mode, so that the job can stop cleanly.
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
@@ -154,56 +209,35 @@ StatusOr<torch::Tensor> StepGraph::CaptureAndRun(const std::vector<Batch>& batch
       if (cudaStreamEndCapture(s.stream.stream(), &partial) == cudaSuccess && partial) cudaGraphDestroy(partial);
     }
     (void)cudaGetLastError();
-    s.loss_sum = torch::Tensor();
-    for (torch::Tensor& p : s.params) p.mutable_grad() = torch::Tensor();
-    return Status::Error(std::string("recording the step as a CUDA graph failed: ") + e.what() +
+    return Status::Error(std::string("recording a micro-batch as a CUDA graph failed: ") + e.what() +
                          "; set training.cuda_graphs: false to train without graphs");
   }
-  s.grads.clear();
-  for (const torch::Tensor& p : s.params) s.grads.push_back(p.grad());
-  s.captured = true;
-  s.graph.replay();
-  ++s.runs;
-  return s.loss_sum;
+  if (!s.pool) s.pool = g->graph.pool();
+  g->graph.replay();
+  ++s.graph_runs;
+  const torch::Tensor loss = g->loss;
+  s.graphs.emplace(key, std::move(g));
+  return loss;
 }
 
-torch::Tensor StepGraph::Run(const std::vector<Batch>& batches, int64_t targets) {
-  State& s = *state_;
-  TORCH_CHECK(Matches(batches), "StepGraph::Run: the batches do not have the captured shapes");
-  for (size_t i = 0; i < batches.size(); ++i) {
-    const auto from = Inputs(batches[i]);  // const tensors
-    const auto to = Inputs(s.inputs[i]);
-    for (size_t k = 0; k < from.size(); ++k) {
-      if (from[k]->defined()) to[k]->copy_(*from[k], /*non_blocking=*/true);
-    }
-  }
-  s.targets.fill_(static_cast<double>(targets));
-  s.graph.replay();
-  for (size_t i = 0; i < s.params.size(); ++i) s.params[i].mutable_grad() = s.grads[i];
-  ++s.runs;
-  return s.loss_sum;
-}
-
-int64_t StepGraph::runs() const { return state_->runs; }
+int64_t StepGraph::micro_batches() const { return state_->micro_batches; }
+int64_t StepGraph::graph_runs() const { return state_->graph_runs; }
+int64_t StepGraph::graphs() const { return static_cast<int64_t>(state_->graphs.size()); }
 
 #else  // no CUDA graphs in this build
 
 struct StepGraph::State {};
 
 bool StepGraph::Supported(const torch::Device&) { return false; }
-StepGraph::StepGraph(std::vector<torch::Tensor>, const torch::Device&) {
+StepGraph::StepGraph(std::vector<torch::Tensor>, const torch::Device&, Body) {
   TORCH_CHECK(false, "StepGraph: this build has no CUDA graphs (StepGraph::Supported)");
 }
 StepGraph::~StepGraph() = default;
-bool StepGraph::captured() const { return false; }
-bool StepGraph::Matches(const std::vector<Batch>&) const { return false; }
-StatusOr<torch::Tensor> StepGraph::CaptureAndRun(const std::vector<Batch>&, int64_t, const Body&) {
-  return Status::Error("this build has no CUDA graphs");
-}
-torch::Tensor StepGraph::Run(const std::vector<Batch>&, int64_t) {
-  TORCH_CHECK(false, "StepGraph: this build has no CUDA graphs");
-}
-int64_t StepGraph::runs() const { return 0; }
+void StepGraph::BeginStep(int64_t) {}
+StatusOr<torch::Tensor> StepGraph::Run(const Batch&) { return Status::Error("this build has no CUDA graphs"); }
+int64_t StepGraph::micro_batches() const { return 0; }
+int64_t StepGraph::graph_runs() const { return 0; }
+int64_t StepGraph::graphs() const { return 0; }
 
 #endif
 

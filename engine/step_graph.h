@@ -1,32 +1,46 @@
-// A training step's forward and backward passes as one CUDA graph.
+// A training step's forward and backward passes as CUDA graphs: one graph
+// per micro-batch shape, replayed for every micro-batch of that shape.
 //
 // A step launches a few thousand kernels (about 2,600 for LoRA on an 8B
 // model). Where they are short (small models, short batches) the host cannot
 // launch them as fast as the GPU runs them and the GPU waits; a graph
 // launches the whole recorded sequence at once. Measured on an H200
-// (bench/speed/NOTES.md, "CUDA graphs of the step"): llama3-1b at 1 x 512
-// tokens 3.8 times the steps a second, at 2 x 1024 1.7 times (packed rows:
-// 1.5 times); at the bench's large rows, where the card runs at its power
-// limit, within 1%.
+// (bench/speed/NOTES.md, "CUDA graphs of the step"): llama3-1b on examples of
+// 64 to 1,024 tokens, 4 a micro-batch, 2.4 times the tokens a second; at
+// 1 x 512 tokens about 3.5 times; at the bench's large rows, where the card
+// runs at its power limit, within 1%.
 //
 // A replay repeats exactly what was recorded: the same kernels, on the same
 // addresses, with the same arguments. Hence the contract:
-//  - every step has the shapes of the captured one (PlanStepGraph gives the
-//    batch shape that guarantees it for a job's data); its batch (token ids,
-//    labels, positions and segments) is copied into the graph's own input
-//    buffers first;
-//  - the body divides by the step's target count read from a device scalar
-//    the graph owns, not from a number baked into a kernel's arguments;
+//  - a micro-batch replays the graph recorded for its shape (batch size,
+//    width, segment count); its tensors (token ids, labels, positions and
+//    segments) are copied into that graph's own input buffers first. Widths
+//    are rounded up (StepGraphPlan::ShapeOf), so that a job over examples of
+//    many lengths needs few graphs;
+//  - the body divides by the step's target count read from a device scalar,
+//    not from a number baked into a kernel's arguments;
 //  - the body draws no random numbers (no dropout) and never synchronises
 //    with the host, and nothing it decides on the host depends on the
 //    batch's values;
-//  - the gradients are the tensors the capture made (the parameters' .grad
-//    are unset at capture, so the first micro-batch's gradients become them,
-//    and each replay writes them again); Run points the parameters' .grad at
-//    them again after every replay;
+//  - the gradients are the parameters' .grad, made once and zeroed in place
+//    at every step (BeginStep): each micro-batch, recorded or not, adds into
+//    them, so that every graph writes the same tensors (autograd's add per
+//    parameter costs about 5% of a llama3-1b 1 x 512 step, nothing
+//    measurable at the bench's rows);
 //  - what is decided on the host stays outside: the LoRA copies' refresh
-//    (LlamaModel::RefreshLoraCopies, before each replay), clipping, the
+//    (LlamaModel::RefreshLoraCopies, before the step), clipping, the
 //    optimizer and the loss read-back.
+//
+// Memory: every graph records into one memory pool, whose blocks are each
+// graph's intermediates: micro-batches run one after another, so no two of
+// them are alive at once, and the pool is as large as the largest graph's
+// needs, not their sum. What outlives a micro-batch lives outside the pool
+// (the gradients, the input buffers, the target count); a micro-batch's loss
+// sum is the one thing a graph leaves there, and the caller adds it to the
+// step's loss before the next micro-batch runs. A shape's first micro-batch
+// runs kernel by kernel (that makes cuDNN's plans and the like for its shape
+// before a capture must find them made), allocating from the same pool once
+// it exists; its second is recorded.
 //
 // Capture needs a stream other than the device's default one: a StepGraph
 // makes a stream of its own current for its lifetime (after the work queued
@@ -47,55 +61,60 @@
 
 namespace trainerd::engine {
 
-// How the steps of a job over `data` run as one graph: the batch shape that
-// makes every step's batches alike, or why they cannot (`obstacle`, "" when
-// they can). Independent of the device.
+// Rows of the batches that graphs run are padded to a multiple of this many
+// tokens (at most the longest example): examples of up to 2,048 tokens need at
+// most 128 graphs, and a row gains at most 15 tokens of padding.
+constexpr int64_t kGraphWidthMultiple = 16;
+
+// How a job's micro-batches run as graphs, or why they cannot (`obstacle`,
+// "" when they can). Independent of the device.
 //  - LoRA dropout (`dropout`: LlamaModel::HasDropout) draws random numbers: no graph.
-//  - Unpacked examples must all have one length: padding every batch to the
-//    longest example instead of its own longest row costs more than a graph saves.
-//  - Packed rows are padded to the longest row, and their segments to
-//    micro_batch_size times (the most examples in a row, plus a row's padding),
-//    unless that padding would be more than a tenth of the tokens.
+//  - Packed and unpacked examples cannot be mixed (a batch's inputs differ).
 struct StepGraphPlan {
   std::string obstacle;
-  BatchShape shape;
+  int64_t longest = 0;   // tokens of the longest example (row): no batch is wider
+  int64_t segments = 0;  // packed: every batch's attention segments (its capacity); 0: unpacked
+
+  // The shape a micro-batch of `examples` takes: its longest row rounded up
+  // to kGraphWidthMultiple tokens, at most `longest`; packed, `segments`.
+  BatchShape ShapeOf(const std::vector<const TokenExample*>& examples) const;
 };
 StepGraphPlan PlanStepGraph(const TokenDataset& data, bool dropout, int64_t micro_batch_size);
 
 class StepGraph {
  public:
-  // Runs one step's forward and backward over `batches` (the graph's input
-  // buffers while capturing) and returns the loss sum, a 0-dim float32 tensor.
-  // `targets`: the step's target-token count, a 0-dim float32 tensor on the device.
-  using Body = std::function<torch::Tensor(const std::vector<Batch>& batches, const torch::Tensor& targets)>;
+  // One micro-batch's forward and backward (the graph's input buffers while
+  // capturing): adds its gradients into the parameters' .grad and returns its
+  // loss sum, a 0-dim float32 tensor. `targets`: the step's target-token
+  // count, a 0-dim float32 tensor on the device.
+  using Body = std::function<torch::Tensor(const Batch& batch, const torch::Tensor& targets)>;
 
-  // Whether this build can capture graphs on `device`: a LibTorch 2.x with
+  // Whether this build can capture graphs on `device`: a LibTorch 2.3 or later with
   // CUDA, and a CUDA device.
   static bool Supported(const torch::Device& device);
 
-  // params: the tensors whose gradients the body makes. Only where Supported.
-  StepGraph(std::vector<torch::Tensor> params, const torch::Device& device);
+  // params: the tensors whose gradients `body` makes. Only where Supported.
+  StepGraph(std::vector<torch::Tensor> params, const torch::Device& device, Body body);
   ~StepGraph();
   StepGraph(const StepGraph&) = delete;
   StepGraph& operator=(const StepGraph&) = delete;
 
-  bool captured() const;
-  // Whether `batches` have the captured step's shapes (always false before capture).
-  bool Matches(const std::vector<Batch>& batches) const;
+  // Starts a step: the gradients zeroed in place (made the first time), the
+  // target count set.
+  void BeginStep(int64_t targets);
 
-  // Records `body` over copies of `batches` as the graph, then replays it once:
-  // this step's loss sum. Releases the cache of free device memory first, so
-  // that the graph's own memory pool does not hold it a second time. An error
-  // (nothing recorded) names what failed; the job should then stop.
-  StatusOr<torch::Tensor> CaptureAndRun(const std::vector<Batch>& batches, int64_t targets, const Body& body);
+  // Runs one micro-batch of the step: its shape's graph, recorded now if the
+  // shape ran once before (and the run has taken the steps a capture needs
+  // behind it), else kernel by kernel. Returns its loss sum, valid until the
+  // next Run: add it to the step's. An error (nothing recorded) names what
+  // failed; the job should then stop.
+  StatusOr<torch::Tensor> Run(const Batch& batch);
 
-  // Copies `batches` (Matches) and `targets` into the graph's inputs and
-  // replays it: the step's loss sum, the same tensor every time (read it, or
-  // copy it, before the next Run).
-  torch::Tensor Run(const std::vector<Batch>& batches, int64_t targets);
-
-  // How many times the graph ran (the capture's own run included).
-  int64_t runs() const;
+  // Micro-batches run so far, and how many of them a graph ran (the captures' own runs included).
+  int64_t micro_batches() const;
+  int64_t graph_runs() const;
+  // Graphs recorded: one per micro-batch shape.
+  int64_t graphs() const;
 
  private:
   struct State;

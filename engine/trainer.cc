@@ -61,8 +61,8 @@ torch::Tensor GradientNorm(const std::vector<torch::Tensor>& params, double max_
 // The forward and backward passes of one optimizer step's micro-batches: the
 // gradients accumulated into the parameters' .grad, the loss sum returned
 // (0-dim float32). `targets`, the step's target count, is a 0-dim float32
-// tensor on the model's device, so that a CUDA graph of this function serves
-// every step (engine/step_graph.h).
+// tensor on the model's device, so that a CUDA graph of a micro-batch's pass
+// serves every step (engine/step_graph.h).
 torch::Tensor ForwardBackward(const LlamaModel& model, const std::vector<Batch>& micro, const torch::Tensor& targets) {
   torch::Tensor loss_sum = torch::zeros({}, targets.options());
   for (const Batch& batch : micro) {
@@ -72,11 +72,6 @@ torch::Tensor ForwardBackward(const LlamaModel& model, const std::vector<Batch>&
   }
   return loss_sum;
 }
-
-// Eager steps a run takes before it records its step as a CUDA graph: they
-// make what a capture must find made (cuDNN's plans, cuBLAS's workspace on the
-// stream, the optimizer's state, the LoRA copies).
-constexpr int64_t kEagerStepsBeforeGraph = 2;
 
 }  // namespace
 
@@ -248,16 +243,18 @@ StatusOr<RunResult> Trainer::Run(const RunOptions& options) {
   std::vector<torch::Tensor> params;
   for (const auto& [_, p] : trainable_) params.push_back(p);
   const auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(model_.device());
-  // The step as a CUDA graph where every step can have one shape (the plan's:
-  // every batch takes it, the eager steps before the capture included); the
-  // graph's stream is the current one while it lives (engine/step_graph.h).
+  // Each micro-batch's forward and backward as a CUDA graph of its shape where
+  // the job allows (the plan's shapes: every batch takes one, the eager ones
+  // included); the graphs' stream is the current one while they live
+  // (engine/step_graph.h).
   std::optional<StepGraph> graph;
-  BatchShape shape;
+  StepGraphPlan plan;
   if (t.cuda_graphs && StepGraph::Supported(model_.device())) {
-    const StepGraphPlan plan = PlanStepGraph(train_, model_.HasDropout(), t.micro_batch_size);
+    plan = PlanStepGraph(train_, model_.HasDropout(), t.micro_batch_size);
     if (plan.obstacle.empty()) {
-      graph.emplace(params, model_.device());
-      shape = plan.shape;
+      graph.emplace(params, model_.device(), [this](const Batch& batch, const torch::Tensor& count) {
+        return ForwardBackward(model_, {batch}, count);
+      });
     } else {
       reporter_.OnMessage("each step launches its kernels one by one, without a CUDA graph (training.cuda_graphs): " +
                           plan.obstacle);
@@ -277,23 +274,26 @@ StatusOr<RunResult> Trainer::Run(const RunOptions& options) {
     for (int64_t a = 0; a < t.gradient_accumulation_steps; ++a) {
       std::vector<const TokenExample*> chunk;
       for (int64_t i = 0; i < t.micro_batch_size; ++i) chunk.push_back(&ExampleAt(state.cursor++));
-      micro.push_back(MakeBatch(chunk, model_.device(), shape));
+      micro.push_back(MakeBatch(chunk, model_.device(), graph ? plan.ShapeOf(chunk) : BatchShape{}));
       targets += micro.back().target_tokens;
       tokens += micro.back().input_tokens;
       squared_lengths += micro.back().sum_squared_lengths;
     }
     torch::Tensor loss_sum;
-    if (graph && graph->Matches(micro)) {
-      model_.RefreshLoraCopies();  // the graph reads the copies; the optimizer changed the parameters
-      loss_sum = graph->Run(micro, targets);
-    } else if (graph && !graph->captured() && step - first_step >= kEagerStepsBeforeGraph) {
-      model_.RefreshLoraCopies();
-      const auto body = [this](const std::vector<Batch>& batches, const torch::Tensor& count) {
-        return ForwardBackward(model_, batches, count);
-      };
-      TRAINERD_ASSIGN_OR_RETURN(loss_sum, graph->CaptureAndRun(micro, targets, body));
-      reporter_.OnMessage("step " + std::to_string(step + 1) +
-                          " recorded as a CUDA graph (training.cuda_graphs); the later steps replay it");
+    if (graph) {
+      model_.RefreshLoraCopies();  // the graphs read the copies; the optimizer changed the parameters
+      graph->BeginStep(targets);
+      const int64_t recorded = graph->graphs();
+      loss_sum = torch::zeros({}, f32);
+      for (const Batch& batch : micro) {
+        TRAINERD_ASSIGN_OR_RETURN(const torch::Tensor micro_loss, graph->Run(batch));
+        loss_sum.add_(micro_loss);  // before the next micro-batch: a graph's loss is rewritten by its next run
+      }
+      if (recorded == 0 && graph->graphs() > 0) {
+        reporter_.OnMessage("step " + std::to_string(step + 1) +
+                            " recorded the run's first CUDA graph (training.cuda_graphs); each later micro-batch of a "
+                            "shape seen before replays its shape's graph");
+      }
     } else {
       optimizer_->zero_grad();
       loss_sum = ForwardBackward(model_, micro, torch::full({}, static_cast<double>(targets), f32));
@@ -344,9 +344,11 @@ StatusOr<RunResult> Trainer::Run(const RunOptions& options) {
       break;
     }
   }
-  if (graph && graph->captured()) {
-    reporter_.OnMessage("the CUDA graph ran " + std::to_string(graph->runs()) + " of this run's " +
-                        std::to_string(state.step - first_step) + " steps");
+  if (graph && graph->graphs() > 0) {
+    reporter_.OnMessage("CUDA graphs ran " + std::to_string(graph->graph_runs()) + " of this run's " +
+                        std::to_string(graph->micro_batches()) + " micro-batches (" +
+                        std::to_string(graph->graphs()) + (graph->graphs() == 1 ? " graph" : " graphs") +
+                        ", one per micro-batch shape)");
   }
   if (!result.stopped) model_.set_training(false);
   return result;

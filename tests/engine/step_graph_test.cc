@@ -1,9 +1,11 @@
-// CUDA graphs of the training step (engine/step_graph.h): when a job's steps
-// qualify, and, on CUDA (TRAINERD_TEST_DEVICE=cuda), that a job replaying its
-// step as a graph trains exactly as the same job launching kernel by kernel:
-// the same losses step by step (each step with other examples and another
-// target count, so stale inputs or a stale count would show) and the same
-// adapter (so would LoRA copies the graph failed to refresh).
+// CUDA graphs of the training step (engine/step_graph.h): which jobs' micro-
+// batches run as graphs and the shapes their batches take, and, on CUDA
+// (TRAINERD_TEST_DEVICE=cuda), that a job replaying graphs trains exactly as
+// the same job launching kernel by kernel: the same losses step by step (each
+// step with other examples and another target count, so stale inputs or a
+// stale count would show) and the same adapter (so would LoRA copies the
+// graphs failed to refresh, or gradients a graph failed to add).
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 
@@ -25,40 +27,43 @@ engine::TokenExample Example(size_t length, size_t each = 0) {
   return ex;
 }
 
-TEST(PlanStepGraph, NamesWhatKeepsStepsFromOneGraph) {
-  engine::TokenDataset same;
-  for (int i = 0; i < 3; ++i) same.examples.push_back(Example(8));
-  const engine::StepGraphPlan plain = engine::PlanStepGraph(same, false, 2);
-  EXPECT_EQ(plain.obstacle, "");
-  EXPECT_EQ(plain.shape.width, 0);  // the batches are alike as they are
-  EXPECT_EQ(plain.shape.segments, 0);
+TEST(PlanStepGraph, NamesWhatKeepsStepsFromGraphs) {
+  engine::TokenDataset data;
+  for (size_t length : {8, 5, 40, 33}) data.examples.push_back(Example(length));
+  const engine::StepGraphPlan plain = engine::PlanStepGraph(data, false, 2);
+  EXPECT_EQ(plain.obstacle, "");  // examples of different lengths: a graph per width
+  EXPECT_EQ(plain.longest, 40);
+  EXPECT_EQ(plain.segments, 0);
 
-  engine::TokenDataset mixed = same;
-  mixed.examples.push_back(Example(5));
-  const std::string widths = engine::PlanStepGraph(mixed, false, 2).obstacle;
-  EXPECT_NE(widths.find("differ in length (from 5 to 8 tokens)"), std::string::npos) << widths;
-
-  engine::TokenDataset both = same;
+  engine::TokenDataset both = data;
   both.examples.push_back(Example(8, 4));
   EXPECT_NE(engine::PlanStepGraph(both, false, 2).obstacle.find("mixed"), std::string::npos);
 
-  EXPECT_NE(engine::PlanStepGraph(same, true, 2).obstacle.find("LoRA dropout"), std::string::npos);
+  EXPECT_NE(engine::PlanStepGraph(data, true, 2).obstacle.find("LoRA dropout"), std::string::npos);
 }
 
-TEST(PlanStepGraph, PadsPackedRowsToOneShape) {
-  // Rows of 20 tokens (5 examples of 4) and 19 (7 examples of 3, the last one cut short).
+TEST(PlanStepGraph, RoundsWidthsUpToFewShapes) {
+  engine::TokenDataset data;
+  for (size_t length : {8, 5, 40, 33, 17}) data.examples.push_back(Example(length));
+  const engine::StepGraphPlan plan = engine::PlanStepGraph(data, false, 2);
+  const auto& ex = data.examples;
+  auto width = [&](std::vector<const engine::TokenExample*> rows) { return plan.ShapeOf(rows).width; };
+  EXPECT_EQ(width({&ex[0], &ex[1]}), engine::kGraphWidthMultiple);  // 8 and 5 tokens: one multiple
+  EXPECT_EQ(width({&ex[4]}), 2 * engine::kGraphWidthMultiple);      // 17: the next
+  EXPECT_EQ(width({&ex[3], &ex[0]}), 40);                           // 33 rounds to 48: capped at the longest
+  EXPECT_EQ(width({&ex[2]}), 40);
+  EXPECT_EQ(plan.ShapeOf({&ex[1]}).segments, 0);
+
+  // Packed rows of 20 tokens (5 examples of 4) and 19 (7 examples of 3, the
+  // last one cut short): segments for the most examples in a row, plus a
+  // row's padding, in each of 3 rows.
   engine::TokenDataset packed;
   packed.examples = {Example(20, 4), Example(19, 3), Example(20, 4)};
-  const engine::StepGraphPlan plan = engine::PlanStepGraph(packed, false, 3);
-  EXPECT_EQ(plan.obstacle, "");
-  EXPECT_EQ(plan.shape.width, 20);
-  EXPECT_EQ(plan.shape.segments, 3 * (7 + 1));  // the most examples in a row, plus a row's padding
-
-  // Rows of 10 padded to 20 tokens: a fifth of the tokens would be padding.
-  packed.examples.push_back(Example(10, 5));
-  packed.examples.push_back(Example(10, 5));
-  const std::string obstacle = engine::PlanStepGraph(packed, false, 3).obstacle;
-  EXPECT_NE(obstacle.find("would add 21% padding"), std::string::npos) << obstacle;
+  const engine::StepGraphPlan rows = engine::PlanStepGraph(packed, false, 3);
+  EXPECT_EQ(rows.obstacle, "");
+  const engine::BatchShape shape = rows.ShapeOf({&packed.examples[1]});
+  EXPECT_EQ(shape.width, 20);  // 19 rounds to 32: capped at the longest row
+  EXPECT_EQ(shape.segments, 3 * (7 + 1));
 }
 
 TEST(PlanStepGraph, BatchesOfThePlannedShapeAreAlike) {
@@ -82,24 +87,36 @@ TEST(PlanStepGraph, BatchesOfThePlannedShapeAreAlike) {
 
 TEST(StepGraph, NotSupportedOnTheCpu) { EXPECT_FALSE(engine::StepGraph::Supported(torch::Device(torch::kCPU))); }
 
-// The job's variants: unpacked examples of one length, or packed ones.
-enum class Data { kUnpacked, kPacked };
+// The job's variants: unpacked examples of one length, of several lengths,
+// or packed ones.
+enum class Data { kUnpacked, kVariable, kPacked };
+
+// kVariable's micro-batches, in order (shuffle off), by the width their rows
+// round up to (kGraphWidthMultiple 16; the longest example has 40 tokens):
+// 16 and 40 in steps 1-4, then 16 and 32 (a width first seen after the first
+// graphs were recorded), 32 and 40, 16 and 32. Each micro-batch's two rows.
+const std::vector<std::vector<int>> kVariableRows = {{10, 16}, {35, 40}, {12, 9},  {40, 33}, {16, 7},
+                                                     {38, 36}, {14, 11}, {34, 40}, {6, 15},  {20, 30},
+                                                     {25, 32}, {39, 40}, {13, 8},  {17, 28}};
 
 // Examples with a pattern the model can learn (so the loss moves from step to
 // step) and prompts of varying length masked out of the labels (so each step
-// has its own target count). Unpacked: 16 examples of 24 tokens. Packed: 32
-// of 12 and 20 tokens in turn, four to a row of 64 (no padding to plan for,
-// but segments to pad: capacity 2 * (4 + 1) a micro-batch, 8 used).
+// has its own target count). Unpacked: 16 examples of 24 tokens. Variable:
+// kVariableRows' 28. Packed: 32 of 12 and 20 tokens in turn, four to a row of
+// 64 (segments to pad: capacity 2 * (4 + 1) a micro-batch, 8 used).
 std::string WriteTokens(const std::string& dir, Data data) {
   const std::string path = dir + "/tokens.jsonl";
   std::ofstream out(path);
-  const int count = data == Data::kPacked ? 32 : 16;
+  std::vector<int> lengths;
+  for (const auto& rows : kVariableRows) lengths.insert(lengths.end(), rows.begin(), rows.end());
+  const int count = data == Data::kPacked ? 32 : data == Data::kVariable ? static_cast<int>(lengths.size()) : 16;
   for (int e = 0; e < count; ++e) {
     std::string ids, labels;
-    const int length = data == Data::kPacked ? (e % 2 ? 20 : 12) : 24;
-    const int prompt = 2 + (e * 5) % 9;
+    const int length = data == Data::kPacked ? (e % 2 ? 20 : 12) : data == Data::kVariable ? lengths[e] : 24;
+    const int prompt = std::min(2 + (e * 5) % 9, length - 3);  // at least two targets
     for (int i = 0; i < length; ++i) {
-      const int id = 10 + (e * 7 + i * (1 + e % 3)) % 200;
+      // Variable: one pattern for all (each example is seen once).
+      const int id = 10 + (data == Data::kVariable ? i * 7 + e % 2 : e * 7 + i * (1 + e % 3)) % 200;
       ids += (i ? ", " : "") + std::to_string(id);
       labels += (i ? ", " : "") + std::to_string(i < prompt ? -100 : id);
     }
@@ -112,8 +129,9 @@ std::string GraphJob(const std::string& tokens, const std::string& out, bool gra
   const bool packed = data == Data::kPacked;
   return "model:\n  path: " + Fixture("llama/model") + "\n  dtype: " + TestDtype() +
          "\nadapter:\n  r: 4\n  alpha: 8\n  dropout: 0.0\n  target_modules: all-linear\n"
-         "data:\n  train: " + tokens + "\n  format: tokens\n  shuffle: true\n  cache: false\n  max_seq_len: " +
-         (packed ? "64\n  packing: true\n" : "24\n") +
+         "data:\n  train: " + tokens + "\n  format: tokens\n  cache: false\n  shuffle: " +
+         (data == Data::kVariable ? "false\n  max_seq_len: 48\n" : packed ? "true\n  max_seq_len: 64\n  packing: true\n"
+                                                                    : "true\n  max_seq_len: 24\n") +
          "training:\n  max_steps: 7\n  micro_batch_size: 2\n  gradient_accumulation_steps: 2\n"
          "  learning_rate: 0.02\n  lr_scheduler: cosine\n  warmup_steps: 1\n  weight_decay: 0.01\n"
          "  max_grad_norm: 1.0\n  log_every: 1\n  seed: 11\n  cuda_graphs: " + (graphs ? "true" : "false") +
@@ -123,7 +141,7 @@ std::string GraphJob(const std::string& tokens, const std::string& out, bool gra
 
 bool Recorded(const RecordingReporter& r) {
   for (const std::string& m : r.messages) {
-    if (m.find("recorded as a CUDA graph") != std::string::npos) return true;
+    if (m.find("recorded the run's first CUDA graph") != std::string::npos) return true;
   }
   return false;
 }
@@ -135,7 +153,8 @@ bool HasMessage(const RecordingReporter& r, const std::string& text) {
   return false;
 }
 
-void ExpectGraphTrainsAsEager(bool checkpointing, Data data = Data::kUnpacked) {
+// `graph_runs` of the run's 14 micro-batches ran a graph, of `graphs`.
+void ExpectGraphTrainsAsEager(bool checkpointing, Data data, const std::string& graph_runs) {
   TempDir tmp;
   const std::string tokens = WriteTokens(tmp.path(), data);
   RecordingReporter eager, graphed;
@@ -148,9 +167,10 @@ void ExpectGraphTrainsAsEager(bool checkpointing, Data data = Data::kUnpacked) {
   // Where graphs run, they did; elsewhere the option changes nothing.
   EXPECT_EQ(Recorded(graphed), engine::StepGraph::Supported(TorchTestDevice()));
   EXPECT_FALSE(Recorded(eager));
-  // Every step after the eager ones ran the graph (none fell back to launching kernel by kernel).
+  // Every micro-batch after the eager ones ran a graph (none fell back to
+  // launching kernel by kernel), and a shape's first ran eagerly.
   if (engine::StepGraph::Supported(TorchTestDevice())) {
-    EXPECT_TRUE(HasMessage(graphed, "the CUDA graph ran 5 of this run's 7 steps"));
+    EXPECT_TRUE(HasMessage(graphed, "CUDA graphs ran " + graph_runs + ", one per micro-batch shape)"));
   }
 
   ASSERT_EQ(eager.progress.size(), 7u);
@@ -176,13 +196,29 @@ void ExpectGraphTrainsAsEager(bool checkpointing, Data data = Data::kUnpacked) {
   }
 }
 
-TEST(StepGraph, TrainsAsTheKernelByKernelStep) { ExpectGraphTrainsAsEager(false); }
+// Steps 1-2 run kernel by kernel (4 micro-batches); the third step's first
+// micro-batch is recorded, and every later one replays the graph.
+const char kOneShape[] = "10 of this run's 14 micro-batches (1 graph";
 
-TEST(StepGraph, TrainsAsTheKernelByKernelStepWithCheckpointing) { ExpectGraphTrainsAsEager(true); }
+TEST(StepGraph, TrainsAsTheKernelByKernelStep) { ExpectGraphTrainsAsEager(false, Data::kUnpacked, kOneShape); }
+
+TEST(StepGraph, TrainsAsTheKernelByKernelStepWithCheckpointing) {
+  ExpectGraphTrainsAsEager(true, Data::kUnpacked, kOneShape);
+}
+
+// Examples of several lengths: widths 16 and 40 recorded in step 3; width 32
+// first seen in step 5 (kernel by kernel, its memory from the graphs' pool),
+// recorded in step 6. The kernel-by-kernel job pads each batch to its own
+// longest row only.
+TEST(StepGraph, TrainsAsTheKernelByKernelStepOnExamplesOfSeveralLengths) {
+  ExpectGraphTrainsAsEager(false, Data::kVariable, "9 of this run's 14 micro-batches (3 graphs");
+}
 
 // Packed rows: the graph's batches carry padded segments (empty ones at the
 // end) that the kernel-by-kernel job's do not.
-TEST(StepGraph, TrainsAsTheKernelByKernelStepOnPackedRows) { ExpectGraphTrainsAsEager(false, Data::kPacked); }
+TEST(StepGraph, TrainsAsTheKernelByKernelStepOnPackedRows) {
+  ExpectGraphTrainsAsEager(false, Data::kPacked, kOneShape);
+}
 
 }  // namespace
 }  // namespace trainerd::testing
