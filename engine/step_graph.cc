@@ -27,7 +27,7 @@ namespace trainerd::engine {
 BatchShape StepGraphPlan::ShapeOf(const std::vector<const TokenExample*>& examples) const {
   int64_t width = 0;
   for (const TokenExample* ex : examples) width = std::max(width, static_cast<int64_t>(ex->input_ids.size()));
-  width = (width + kGraphWidthMultiple - 1) / kGraphWidthMultiple * kGraphWidthMultiple;
+  if (width_multiple > 0) width = (width + width_multiple - 1) / width_multiple * width_multiple;
   return BatchShape{std::min(width, longest), segments};
 }
 
@@ -50,6 +50,7 @@ StepGraphPlan PlanStepGraph(const TokenDataset& data, bool dropout, int64_t micr
     for (int64_t p : ex.position_ids) examples += p == 0 ? 1 : 0;
     most_examples = std::max(most_examples, examples);
   }
+  plan.width_multiple = kGraphWidthMultiple * ((plan.longest + 2047) / 2048);
   // Packed: each row's examples, and one more segment for the row's padding.
   if (packed) plan.segments = micro_batch_size * (most_examples + 1);
   return plan;

@@ -62,8 +62,9 @@
 namespace trainerd::engine {
 
 // Rows of the batches that graphs run are padded to a multiple of this many
-// tokens (at most the longest example): examples of up to 2,048 tokens need at
-// most 128 graphs, and a row gains at most 15 tokens of padding.
+// tokens for every 2,048 of the longest example (16 up to 2,048 tokens, 32 up
+// to 4,096, ...), at most to the longest: at most 128 widths, so at most 128
+// graphs a job, and a row gains under 1/128 of the longest example in padding.
 constexpr int64_t kGraphWidthMultiple = 16;
 
 // How a job's micro-batches run as graphs, or why they cannot (`obstacle`,
@@ -72,11 +73,12 @@ constexpr int64_t kGraphWidthMultiple = 16;
 //  - Packed and unpacked examples cannot be mixed (a batch's inputs differ).
 struct StepGraphPlan {
   std::string obstacle;
-  int64_t longest = 0;   // tokens of the longest example (row): no batch is wider
-  int64_t segments = 0;  // packed: every batch's attention segments (its capacity); 0: unpacked
+  int64_t longest = 0;         // tokens of the longest example (row): no batch is wider
+  int64_t width_multiple = 0;  // kGraphWidthMultiple for every 2,048 tokens of `longest`
+  int64_t segments = 0;        // packed: every batch's attention segments (its capacity); 0: unpacked
 
   // The shape a micro-batch of `examples` takes: its longest row rounded up
-  // to kGraphWidthMultiple tokens, at most `longest`; packed, `segments`.
+  // to a multiple of `width_multiple`, at most `longest`; packed, `segments`.
   BatchShape ShapeOf(const std::vector<const TokenExample*>& examples) const;
 };
 StepGraphPlan PlanStepGraph(const TokenDataset& data, bool dropout, int64_t micro_batch_size);

@@ -54,6 +54,15 @@ TEST(PlanStepGraph, RoundsWidthsUpToFewShapes) {
   EXPECT_EQ(width({&ex[2]}), 40);
   EXPECT_EQ(plan.ShapeOf({&ex[1]}).segments, 0);
 
+  // Longer examples: a coarser multiple, so that there are at most 128 widths.
+  engine::TokenDataset long_data;
+  for (size_t length : {100, 2049, 8190}) long_data.examples.push_back(Example(length));
+  const engine::StepGraphPlan long_plan = engine::PlanStepGraph(long_data, false, 1);
+  EXPECT_EQ(long_plan.width_multiple, 4 * engine::kGraphWidthMultiple);  // 64 for 8,190 tokens
+  EXPECT_EQ(long_plan.ShapeOf({&long_data.examples[0]}).width, 128);
+  EXPECT_EQ(long_plan.ShapeOf({&long_data.examples[1]}).width, 2112);
+  EXPECT_EQ(long_plan.ShapeOf({&long_data.examples[2]}).width, 8190);
+
   // Packed rows of 20 tokens (5 examples of 4) and 19 (7 examples of 3, the
   // last one cut short): segments for the most examples in a row, plus a
   // row's padding, in each of 3 rows.
