@@ -70,7 +70,11 @@ void PlainScaledCasts(const std::vector<ScaledCast>& casts) {
   const torch::NoGradGuard no_grad;
   for (const ScaledCast& c : casts) {
     torch::Tensor dst = c.dst;
-    torch::mul_out(dst, c.src, torch::scalar_tensor(c.scale));
+    if (c.accumulate) {
+      dst.add_(torch::mul(c.src, torch::scalar_tensor(c.scale)).to(dst.scalar_type()));
+    } else {
+      torch::mul_out(dst, c.src, torch::scalar_tensor(c.scale));
+    }
   }
 }
 
@@ -498,6 +502,7 @@ void FusedScaledCasts(const std::vector<ScaledCast>& casts) {
     k.dst_row_stride = c.dst.stride(0);
     k.dst_col_stride = c.dst.stride(1);
     k.scale = static_cast<float>(c.scale);
+    k.accumulate = c.accumulate;
     Batch& batch = batches[key];
     if (!batch.dst.defined()) batch.dst = c.dst;
     batch.copies.push_back(k);

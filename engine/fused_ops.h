@@ -101,10 +101,13 @@ std::array<torch::Tensor, 3> FusedQkvRope(const torch::Tensor& q, const torch::T
 // elements stay untouched); destinations distinct and not overlapping any
 // source. On the kernel path (CUDA tensors of kernel dtypes) the copies go in
 // one launch per 48 of one (device, source dtype, destination dtype), instead
-// of a generic strided kernel each; elsewhere PlainScaledCasts.
+// of a generic strided kernel each; elsewhere PlainScaledCasts. With
+// `accumulate`, dst.add_(the cast copy) instead, to the bit likewise (what
+// autograd's adding a gradient into a parameter's .grad computes).
 struct ScaledCast {
   torch::Tensor src, dst;
   double scale = 1.0;
+  bool accumulate = false;
 };
 void FusedScaledCasts(const std::vector<ScaledCast>& casts);
 void PlainScaledCasts(const std::vector<ScaledCast>& casts);

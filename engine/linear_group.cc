@@ -260,7 +260,11 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
       // H200 (8b profile), against about 3.7 for a product of this shape.
       const torch::Tensor grad_bt = torch::mm(t.t(), g);
       // dA_i = u_i^T x; dB_i = s_i g_i^T t_i; back to the float32 parameters,
-      // scaled and cast by one batch of copies for the whole group.
+      // scaled and cast by one batch of copies for the whole group. Where a
+      // parameter's .grad is there already (a step's later micro-batches; every
+      // micro-batch under CUDA graphs, engine/step_graph.h) the batch adds the
+      // gradient into it, as autograd would, and autograd gets none to add:
+      // one launch for the group instead of an add per parameter.
       std::vector<ScaledCast> casts;
       int64_t row = 0, col = 0;
       size_t j = 0;
@@ -269,15 +273,24 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
           const torch::Tensor& a = lora[j];
           const torch::Tensor& b = lora[j + 1];
           torch::Tensor grad_ai = grad_a.narrow(0, col, ranks[i]);
-          if (grad_ai.scalar_type() != a.scalar_type()) {
+          if (AddsIntoGrad(a)) {
+            casts.push_back({grad_ai, a.grad(), 1.0, /*accumulate=*/true});
+            grad_ai = torch::Tensor();
+          } else if (grad_ai.scalar_type() != a.scalar_type()) {
             torch::Tensor cast = torch::empty({ranks[i], in}, a.options());
             casts.push_back({grad_ai, cast, 1.0});
             grad_ai = cast;
           }
           result.push_back(grad_ai);
-          torch::Tensor grad_b = torch::empty({outs[i], ranks[i]}, b.options());
-          casts.push_back({grad_bt.narrow(0, col, ranks[i]).narrow(1, row, outs[i]).t(), grad_b, scaling[i]});
-          result.push_back(grad_b);
+          const torch::Tensor grad_bi = grad_bt.narrow(0, col, ranks[i]).narrow(1, row, outs[i]).t();
+          if (AddsIntoGrad(b)) {
+            casts.push_back({grad_bi, b.grad(), scaling[i], /*accumulate=*/true});
+            result.push_back(torch::Tensor());
+          } else {
+            torch::Tensor grad_b = torch::empty({outs[i], ranks[i]}, b.options());
+            casts.push_back({grad_bi, grad_b, scaling[i]});
+            result.push_back(grad_b);
+          }
           col += ranks[i];
           j += 2;
         }
@@ -292,6 +305,15 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
   }
 
  private:
+  // Whether the backward adds parameter p's gradient into p.grad itself:
+  // where autograd would add it there (a .grad of p's shape and dtype; not
+  // while differentiating the backward).
+  static bool AddsIntoGrad(const torch::Tensor& p) {
+    const torch::Tensor& grad = p.grad();
+    return !torch::GradMode::is_enabled() && grad.defined() && grad.sizes() == p.sizes() &&
+           grad.scalar_type() == p.scalar_type() && grad.device() == p.device();
+  }
+
   // u^T x (rank, in) for u (N, rank): from x, or from what its recipe kept
   // (norm_input, norm_rstd, norm_weight, gate, up; see InputRecipe).
   static torch::Tensor LoraInputProduct(const torch::Tensor& u, const torch::Tensor& x,

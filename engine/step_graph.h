@@ -24,9 +24,9 @@
 //    batch's values;
 //  - the gradients are the parameters' .grad, made once and zeroed in place
 //    at every step (BeginStep): each micro-batch, recorded or not, adds into
-//    them, so that every graph writes the same tensors (autograd's add per
-//    parameter costs about 5% of a llama3-1b 1 x 512 step, nothing
-//    measurable at the bench's rows);
+//    them, so that every graph writes the same tensors (the widened LoRA
+//    groups add theirs in their batch of casts, engine/linear_group.cc,
+//    rather than leave autograd an add per parameter);
 //  - what is decided on the host stays outside: the LoRA copies' refresh
 //    (LlamaModel::RefreshLoraCopies, before the step), clipping, the
 //    optimizer and the loss read-back.

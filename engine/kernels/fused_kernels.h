@@ -161,10 +161,13 @@ constexpr int kMaxRopeSegments = 3;
 // dtypes, bit for bit. Copies may not overlap one another's
 // destinations, nor a destination its source. Every copy of one call has the
 // same source and destination dtypes; at most kMaxScaledCopies a call (they
-// travel in the kernel's parameters); empty copies are skipped.
+// travel in the kernel's parameters); empty copies are skipped. With
+// `accumulate` the copy is added instead: dst[r, c] = D(float(dst[r, c]) +
+// float(D(S(float(src[r, c]) * scale)))), what adding the cast copy into dst
+// gives (LibTorch's dst.add_(copy), bit for bit).
 // What it is for: LoRA's float32 parameters into their model-dtype copies, and
-// model-dtype gradients into float32 ones, dozens a layer, in one launch
-// instead of one each.
+// model-dtype gradients into (or onto) float32 ones, dozens a layer, in one
+// launch instead of one each.
 struct ScaledCopy {
   const void* src = nullptr;
   void* dst = nullptr;
@@ -172,6 +175,7 @@ struct ScaledCopy {
   int64_t src_row_stride = 0, src_col_stride = 0;
   int64_t dst_row_stride = 0, dst_col_stride = 0;
   float scale = 1.f;
+  bool accumulate = false;
 };
 constexpr int kMaxScaledCopies = 48;
 [[nodiscard]] std::string ScaledCopies(const ScaledCopy* copies, int count, DType src_dtype, DType dst_dtype,

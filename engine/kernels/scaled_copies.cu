@@ -35,8 +35,11 @@ __global__ void __launch_bounds__(kThreads) ScaledCopiesKernel(const CopyBatch b
     // What LibTorch's mul_out(dst, src, scalar) computes: the product in
     // float32, rounded to the source's dtype (the op's common dtype: a scalar
     // does not promote), then cast to the destination's.
-    const float product = ToFloat<S>(src[r * c.src_row_stride + k * c.src_col_stride]) * c.scale;
-    dst[r * c.dst_row_stride + k * c.dst_col_stride] = FromFloat<D>(RoundTo<S>(product));
+    // __fmul_rn: the product rounded on its own, never fused into the add below.
+    const float product = __fmul_rn(ToFloat<S>(src[r * c.src_row_stride + k * c.src_col_stride]), c.scale);
+    const D value = FromFloat<D>(RoundTo<S>(product));
+    D& out = dst[r * c.dst_row_stride + k * c.dst_col_stride];
+    out = c.accumulate ? FromFloat<D>(ToFloat<D>(out) + ToFloat<D>(value)) : value;
   }
 }
 

@@ -741,7 +741,9 @@ TEST_F(FusedOpsCudaTest, QkvRopeIsTheRopesAndACopyOfVBitForBit) {
 // every pair of dtypes: LoRA-shaped sources (dense, and transposed views of a
 // wider product, as the dB casts read them) into blocks of NaN-poisoned wider
 // matrices (as the B blocks of a widened group), more copies than one launch
-// takes; nothing outside the blocks is touched.
+// takes; nothing outside the blocks is touched. Every fifth copy adds onto a
+// block of random values instead (accumulate: dst.add_ of the cast copy, as
+// the LoRA gradients are added into .grad).
 TEST_F(FusedOpsCudaTest, ScaledCastsAreMulOutBitForBit) {
   const std::vector<std::pair<int64_t, int64_t>> shapes = {{4096, 16}, {16, 4096}, {1024, 16}, {14336, 16},
                                                            {7, 3},     {1, 1},     {0, 5},     {333, 8}};
@@ -759,12 +761,14 @@ TEST_F(FusedOpsCudaTest, ScaledCastsAreMulOutBitForBit) {
         } else {  // a transposed block of a wider product
           src = Random({cols, rows + 5}, src_dtype, cuda_, 2.0).narrow(1, 2, rows).t();
         }
+        const bool accumulate = i % 5 == 3;
         const torch::Tensor wide =
             torch::full({rows + 3, cols + 9}, std::numeric_limits<double>::quiet_NaN(), cuda_).to(dst_dtype);
+        if (accumulate) wide.narrow(0, 1, rows).narrow(1, 4, cols).copy_(Random({rows, cols}, dst_dtype, cuda_, 3.0));
         wide_fused.push_back(wide.clone());
         wide_plain.push_back(wide.clone());
-        fused.push_back({src, wide_fused.back().narrow(0, 1, rows).narrow(1, 4, cols), scale});
-        plain.push_back({src, wide_plain.back().narrow(0, 1, rows).narrow(1, 4, cols), scale});
+        fused.push_back({src, wide_fused.back().narrow(0, 1, rows).narrow(1, 4, cols), scale, accumulate});
+        plain.push_back({src, wide_plain.back().narrow(0, 1, rows).narrow(1, 4, cols), scale, accumulate});
       }
       FusedScaledCasts(fused);
       PlainScaledCasts(plain);

@@ -327,6 +327,36 @@ void ExpectSameTensors(const std::vector<torch::Tensor>& got, const std::vector<
   }
 }
 
+// Where the adapter's .grad already holds a gradient (a step's later
+// micro-batches; every micro-batch under CUDA graphs), the group adds its own
+// into that tensor in its batch of casts, as autograd adds the layer's: the
+// same sums, in the same tensors.
+TEST(LinearGroup, AddsIntoGradientsAlreadyThere) {
+  torch::manual_seed(11);
+  OneLayerGroup g(12, 20, 4, 2.0);
+  const auto opts = torch::TensorOptions().dtype(TorchTestDtype()).device(TorchTestDevice());
+  const auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(TorchTestDevice());
+  const torch::Tensor x = torch::randn({6, 20}, opts);
+  torch::Tensor& a = g.layer.lora->a;
+  torch::Tensor& b = g.layer.lora->b;
+  const torch::Tensor before_a = torch::randn(a.sizes(), f32), before_b = torch::randn(b.sizes(), f32);
+  auto run = [&](bool grouped) {
+    a.mutable_grad() = before_a.clone();
+    b.mutable_grad() = before_b.clone();
+    const torch::Tensor grad_a = a.grad(), grad_b = b.grad();
+    const torch::Tensor y =
+        grouped ? engine::ForwardGroup(g.group, {&g.widened}, x, true)[0] : g.layer.Forward(x, true);
+    (y.to(torch::kFloat32) * torch::linspace(-1, 1, y.size(-1), f32)).sum().backward();
+    EXPECT_TRUE(a.grad().is_same(grad_a) && b.grad().is_same(grad_b)) << (grouped ? "group" : "layer");
+    return std::vector<torch::Tensor>{a.grad().clone(), b.grad().clone()};
+  };
+  const std::vector<torch::Tensor> plain = run(false);
+  ExpectSameTensors(run(true), plain);
+  // The gradients were added: they are not the ones that were there.
+  EXPECT_GT((plain[0] - before_a).abs().max().item<double>(), 0.1);
+  EXPECT_GT((plain[1] - before_b).abs().max().item<double>(), 0.1);
+}
+
 // A group whose input is wider than its output (down) keeps its A's in rows
 // below the weights and takes u A inside the input gradient's GEMM: the same
 // gradients as the layer on its own; also when its output gradient comes in
