@@ -374,7 +374,7 @@ void LlamaModel::RefreshLoraCopies() const {
 
 bool LlamaModel::HasDropout() const {
   for (const DecoderLayer& l : layers_) {
-    for (const Linear* m : {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj, &l.up_proj, &l.down_proj}) {
+    for (const Linear* m : l.Modules()) {
       if (m->lora && m->lora->dropout > 0) return true;
     }
   }
@@ -487,7 +487,7 @@ std::vector<std::pair<std::string, torch::Tensor>> LlamaModel::NamedWeights() co
     const std::string p = "model.layers." + std::to_string(i) + ".";
     out.emplace_back(p + "input_layernorm.weight", l.input_norm);
     out.emplace_back(p + "post_attention_layernorm.weight", l.post_attention_norm);
-    for (const Linear* lin : {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj, &l.up_proj, &l.down_proj}) {
+    for (const Linear* lin : l.Modules()) {
       out.emplace_back(lin->name + ".weight", lin->weight);
       if (lin->bias.defined()) out.emplace_back(lin->name + ".bias", lin->bias);
     }

@@ -24,6 +24,7 @@
 // float32 logits (engine/linear_cross_entropy.h).
 #pragma once
 
+#include <array>
 #include <map>
 #include <memory>
 #include <string>
@@ -56,6 +57,10 @@ struct DecoderLayer {
 
   // The layer's linear modules by their short name (q_proj ... down_proj).
   Linear* Module(const std::string& short_name);
+  // All seven, in the checkpoint's order (q_proj ... down_proj).
+  std::array<const Linear*, 7> Modules() const {
+    return {&q_proj, &k_proj, &v_proj, &o_proj, &gate_proj, &up_proj, &down_proj};
+  }
 };
 
 // The packed examples of a batch as segments of its flattened B*T tokens, for

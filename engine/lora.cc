@@ -101,8 +101,7 @@ StatusOr<LoraSettings> ReadPeftAdapterConfig(const std::string& adapter_dir) {
 std::vector<std::pair<std::string, torch::Tensor>> LoraNamedParameters(const LlamaModel& model) {
   std::vector<std::pair<std::string, torch::Tensor>> out;
   for (const DecoderLayer& layer : model.layers()) {
-    for (const Linear* l : {&layer.q_proj, &layer.k_proj, &layer.v_proj, &layer.o_proj, &layer.gate_proj,
-                            &layer.up_proj, &layer.down_proj}) {
+    for (const Linear* l : layer.Modules()) {
       if (!l->lora) continue;
       out.emplace_back(kPeftPrefix + l->name + ".lora_A.weight", l->lora->a);
       out.emplace_back(kPeftPrefix + l->name + ".lora_B.weight", l->lora->b);
@@ -180,8 +179,7 @@ std::vector<std::pair<std::string, torch::Tensor>> MergedWeights(const LlamaMode
   std::vector<std::pair<std::string, torch::Tensor>> out = model.NamedWeights();
   std::map<std::string, const Linear*> adapted;
   for (const DecoderLayer& layer : model.layers()) {
-    for (const Linear* l : {&layer.q_proj, &layer.k_proj, &layer.v_proj, &layer.o_proj, &layer.gate_proj,
-                            &layer.up_proj, &layer.down_proj}) {
+    for (const Linear* l : layer.Modules()) {
       if (l->lora) adapted[l->name + ".weight"] = l;
     }
   }
