@@ -103,9 +103,8 @@ struct JobSpec {
     // 0 = every layer. Checked against the model's layer count when it loads.
     int64_t gradient_checkpointing_layers = 0;
     int64_t gradient_accumulation_steps = 1;      // >= 1
-    // Replay each step's forward and backward as one CUDA graph where every
-    // step has the same shapes (engine/step_graph.h); false: always launch
-    // the kernels one by one.
+    // Replay each micro-batch's forward and backward as the CUDA graph of its
+    // shape (engine/step_graph.h); false: always launch the kernels one by one.
     bool cuda_graphs = true;
     double learning_rate = 2e-4;                  // > 0; peak, after warmup
     std::string lr_scheduler = "linear";          // constant | linear | cosine
