@@ -1,7 +1,7 @@
 #include "engine/activation_checkpoint.h"
 
 #include <cstdint>
-#include <mutex>
+#include <vector>
 
 namespace trainerd::engine {
 namespace {
@@ -9,22 +9,9 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::tensor_list;
 
-at::Generator DeviceGenerator(const torch::Device& device) {
-  return device.is_cuda() ? at::globalContext().defaultGenerator(device) : at::detail::getDefaultCPUGenerator();
-}
-
-torch::Tensor GeneratorState(at::Generator& gen) {
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  return gen.get_state();
-}
-
-void SetGeneratorState(at::Generator& gen, const torch::Tensor& state) {
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  gen.set_state(state);
-}
-
-// The attention inputs travel through saved_data (tensors and the segment
-// length) so that nothing outside the autograd graph must outlive the step.
+// The layer inputs travel through saved_data (tensors, the segment length,
+// the dropout draw's numbers) so that nothing outside the autograd graph must
+// outlive the step.
 // Undefined tensors are left out (an IValue holds defined tensors only).
 void SaveTensor(AutogradContext* ctx, const char* key, const torch::Tensor& t) {
   if (t.defined()) ctx->saved_data[key] = t;
@@ -35,7 +22,7 @@ torch::Tensor LoadTensor(AutogradContext* ctx, const char* key) {
   return it == ctx->saved_data.end() ? torch::Tensor() : it->second.toTensor();
 }
 
-void SaveInputs(AutogradContext* ctx, const LlamaModel::AttentionInputs& in) {
+void SaveInputs(AutogradContext* ctx, const LlamaModel::LayerInputs& in) {
   SaveTensor(ctx, "cu_seqlens", in.segments.cu_seqlens);
   ctx->saved_data["max_len"] = in.segments.max_len;
   ctx->saved_data["cudnn"] = static_cast<int64_t>(in.cudnn);
@@ -43,10 +30,13 @@ void SaveInputs(AutogradContext* ctx, const LlamaModel::AttentionInputs& in) {
   SaveTensor(ctx, "cos", in.cos);
   SaveTensor(ctx, "sin", in.sin);
   SaveTensor(ctx, "mask", in.mask);
+  // The draw itself, not the generator: the second forward makes the same
+  // masks from it, also inside a CUDA graph (engine/lora_dropout.h).
+  ctx->saved_data["dropout"] = DropoutDrawToInts(in.dropout);
 }
 
-LlamaModel::AttentionInputs LoadInputs(AutogradContext* ctx) {
-  LlamaModel::AttentionInputs in;
+LlamaModel::LayerInputs LoadInputs(AutogradContext* ctx) {
+  LlamaModel::LayerInputs in;
   in.segments.cu_seqlens = LoadTensor(ctx, "cu_seqlens");
   in.segments.max_len = ctx->saved_data["max_len"].toInt();
   in.cudnn = static_cast<CudnnAttentionMode>(ctx->saved_data["cudnn"].toInt());
@@ -54,6 +44,7 @@ LlamaModel::AttentionInputs LoadInputs(AutogradContext* ctx) {
   in.cos = LoadTensor(ctx, "cos");
   in.sin = LoadTensor(ctx, "sin");
   in.mask = LoadTensor(ctx, "mask");
+  in.dropout = DropoutDrawFromInts(ctx->saved_data["dropout"].toIntVector());
   return in;
 }
 
@@ -64,13 +55,7 @@ class CheckpointedLayerFunction : public torch::autograd::Function<CheckpointedL
   // `anchor` is a 0-dim tensor that requires grad, so that the outputs require
   // grad even where h does not (the first layer's input, frozen embeddings).
   static tensor_list forward(AutogradContext* ctx, const torch::Tensor& h, const torch::Tensor& anchor,
-                             const LlamaModel* model, int64_t index, const LlamaModel::AttentionInputs& in) {
-    // The generator's state only where the layer draws random numbers: a
-    // CUDA graph's capture must not read it (engine/step_graph.h).
-    if (model->HasDropout()) {
-      at::Generator gen = DeviceGenerator(model->device());
-      ctx->saved_data["rng"] = GeneratorState(gen);
-    }
+                             const LlamaModel* model, int64_t index, const LlamaModel::LayerInputs& in) {
     ctx->saved_data["model"] = reinterpret_cast<int64_t>(model);
     ctx->saved_data["index"] = index;
     ctx->saved_data["h_requires_grad"] = h.requires_grad();
@@ -83,22 +68,14 @@ class CheckpointedLayerFunction : public torch::autograd::Function<CheckpointedL
   static tensor_list backward(AutogradContext* ctx, tensor_list grad_outputs) {
     const auto* model = reinterpret_cast<const LlamaModel*>(ctx->saved_data["model"].toInt());
     const auto index = static_cast<size_t>(ctx->saved_data["index"].toInt());
-    const LlamaModel::AttentionInputs in = LoadInputs(ctx);
+    const LlamaModel::LayerInputs in = LoadInputs(ctx);
     torch::Tensor h = ctx->get_saved_variables()[0].detach();
     h.requires_grad_(ctx->saved_data["h_requires_grad"].toBool());
-    const bool rng = ctx->saved_data.find("rng") != ctx->saved_data.end();
-    at::Generator gen = DeviceGenerator(model->device());
-    torch::Tensor now;
-    if (rng) {
-      now = GeneratorState(gen);
-      SetGeneratorState(gen, ctx->saved_data["rng"].toTensor());
-    }
     LlamaModel::Residual out;
     {
       torch::AutoGradMode enable(true);
       out = model->LayerForward(index, {h, {}}, in);
     }
-    if (rng) SetGeneratorState(gen, now);
     tensor_list outputs, grads;  // the outputs that got a gradient
     for (int i = 0; i < 2; ++i) {
       const torch::Tensor& produced = i == 0 ? out.base : out.delta;
@@ -116,7 +93,7 @@ class CheckpointedLayerFunction : public torch::autograd::Function<CheckpointedL
 }  // namespace
 
 LlamaModel::Residual CheckpointedLayer(const LlamaModel& model, size_t index, const LlamaModel::Residual& h,
-                                       const LlamaModel::AttentionInputs& in) {
+                                       const LlamaModel::LayerInputs& in) {
   static thread_local torch::Tensor anchor = torch::zeros({}, torch::requires_grad());
   // One tensor kept for the backward, not two: the sum made here (a pass of
   // its own, on recomputed layers only).

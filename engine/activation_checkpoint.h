@@ -6,9 +6,9 @@
 //
 // Memory: one (B, T, H) tensor per layer (its input, the residual stream
 // summed) instead of every intermediate. Cost:
-// each layer's forward runs twice. Dropout (LoRA dropout) draws the same
-// numbers in the second run: the device generator's state is saved before the
-// first run and restored around the second.
+// each layer's forward runs twice. LoRA dropout makes the same masks in the
+// second run: it is given the first run's draw (LayerInputs::dropout), and
+// the generator is not touched.
 #pragma once
 
 #include <cstddef>
@@ -22,6 +22,6 @@ namespace trainerd::engine {
 // model.LayerForward(index, h, in), checkpointed. `model` and `in` must stay
 // unchanged until the backward pass has run.
 LlamaModel::Residual CheckpointedLayer(const LlamaModel& model, size_t index, const LlamaModel::Residual& h,
-                                       const LlamaModel::AttentionInputs& in);
+                                       const LlamaModel::LayerInputs& in);
 
 }  // namespace trainerd::engine

@@ -4,7 +4,7 @@
 
 namespace trainerd::engine {
 
-torch::Tensor Linear::Forward(const torch::Tensor& x, bool training) const {
+torch::Tensor Linear::Forward(const torch::Tensor& x, const DropoutMasks& dropout) const {
   // Flattened to (N, in) so that every product is one GEMM and the LoRA update
   // is added in the second GEMM's epilogue (addmm_ into the fresh output)
   // rather than by extra passes over the (N, out) output.
@@ -19,7 +19,11 @@ torch::Tensor Linear::Forward(const torch::Tensor& x, bool training) const {
     // PEFT casts to float32. In float32 models this is PEFT's arithmetic.
     // In place: autograd keeps x2 and the weights for the products, not y.
     const torch::Tensor a = lora->a.to(x.scalar_type()), b = lora->b.to(x.scalar_type());
-    const torch::Tensor h = lora->dropout > 0 ? torch::dropout(x2, lora->dropout, training) : x2;
+    // Dropout as x * mask * (1 / (1 - p)), the mask made from the pass's draw:
+    // autograd's backward multiplies by the same mask.
+    const LoraDropoutMask mask = dropout.Of(0, lora->dropout);
+    const torch::Tensor h =
+        mask.active() ? x2 * DropoutKeepMask(mask, x2.size(0), in, x2.options()) * (1.0 / (1.0 - lora->dropout)) : x2;
     y.addmm_(torch::mm(h, a.t()), b.t(), /*beta=*/1, /*alpha=*/lora->scaling);
   }
   return y.view(out_shape);

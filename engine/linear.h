@@ -7,6 +7,8 @@
 
 #include <torch/torch.h>
 
+#include "engine/lora_dropout.h"
+
 namespace trainerd::engine {
 
 // A LoRA update of one linear layer: y += scaling * B(A(dropout(x))).
@@ -24,8 +26,10 @@ struct Linear {
   torch::Tensor bias;    // (out) or undefined
   std::optional<LoraWeights> lora;
 
-  // x: (..., in) in the model dtype -> (..., out) in the model dtype.
-  torch::Tensor Forward(const torch::Tensor& x, bool training) const;
+  // x: (..., in) in the model dtype -> (..., out) in the model dtype. LoRA
+  // dropout with mask dropout.Of(0, p) where the adapter has p > 0 and a draw
+  // is given (training; engine/lora_dropout.h).
+  torch::Tensor Forward(const torch::Tensor& x, const DropoutMasks& dropout = {}) const;
 };
 
 }  // namespace trainerd::engine

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "engine/fused_ops.h"
+#include "engine/lora_dropout.h"
 
 namespace trainerd::engine {
 
@@ -81,11 +82,13 @@ void EnsureLoraCopies(const LinearGroup& group, at::TensorList lora, const std::
 }
 
 // The LoRA parameters of `members` (A_1, B_1, A_2, B_2, ...) and each
-// member's scaling (0 without LoRA).
+// member's scaling (0 without LoRA) and, if asked for, its dropout
+// probability (0 without LoRA).
 void LoraOf(const std::vector<const Linear*>& members, std::vector<torch::Tensor>* lora,
-            std::vector<double>* scaling) {
+            std::vector<double>* scaling, std::vector<double>* dropout = nullptr) {
   for (const Linear* l : members) {
     scaling->push_back(l->lora ? l->lora->scaling : 0.0);
+    if (dropout != nullptr) dropout->push_back(l->lora ? l->lora->dropout : 0.0);
     if (l->lora) {
       lora->push_back(l->lora->a);
       lora->push_back(l->lora->b);
@@ -98,13 +101,26 @@ void LoraOf(const std::vector<const Linear*>& members, std::vector<torch::Tensor
 // then the LoRA members' A and B, in member order; the group (widened
 // matrix, stacked bias, layout), the members' scalings and x's recipe
 // (InputRecipe; its tensors are the producer's, not differentiated here).
+//
+// With LoRA dropout (a draw, and members with p > 0), a member's x A_i^T is
+// dropout_i(x) A_i^T, its A gradient u_i^T dropout_i(x), and its input
+// gradient term dropout_i(u_i A_i), each mask made again from the draw
+// (engine/lora_dropout.h). The widened GEMMs stay as they are: only the thin
+// LoRA products see the masks. The node then keeps x (or SwiGLU's recipe,
+// which makes x again), not the norm's recipe, and the input gradient's LoRA
+// terms are added after the GEMM rather than inside it.
 class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFunction> {
  public:
   static tensor_list forward(AutogradContext* ctx, const torch::Tensor& x, at::TensorList lora,
                              const LinearGroup& group, const std::vector<double>& scaling,
-                             const InputRecipe& recipe) {
+                             const InputRecipe& recipe, const DropoutMasks& dropout,
+                             const std::vector<double>& dropout_p) {
     const int64_t n = x.size(0), in = group.in, cols = group.cols;
     const int64_t rank = Sum(group.ranks);
+    bool any_dropout = false;
+    for (size_t i = 0; i < dropout_p.size(); ++i) {
+      any_dropout = any_dropout || (group.ranks[i] > 0 && dropout.Of(0, dropout_p[i]).active());
+    }
     // What the backward reads for the A gradients u^T x (none without LoRA).
     auto rows_of = [&](const torch::Tensor& r) {
       return r.defined() && r.numel() == n * in ? r.detach().reshape({n, in}) : torch::Tensor();
@@ -113,7 +129,7 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
     if (rank > 0) {
       const torch::Tensor normed_rows = rows_of(recipe.norm_input);
       const torch::Tensor gate_rows = rows_of(recipe.gate), up_rows = rows_of(recipe.up);
-      if (normed_rows.defined() && recipe.norm_rstd.defined() && recipe.norm_rstd.numel() == n &&
+      if (!any_dropout && normed_rows.defined() && recipe.norm_rstd.defined() && recipe.norm_rstd.numel() == n &&
           recipe.norm_weight.defined() && recipe.norm_weight.numel() == in) {
         norm_input = normed_rows;
         norm_rstd = recipe.norm_rstd.detach().reshape({n});
@@ -138,10 +154,25 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
     const bool in_place = x_ext.defined();
     const torch::Tensor top = group.widened.narrow(0, 0, Sum(group.outs));  // [W | sB | 0]
     torch::Tensor y;  // (N, sum out)
+    // t = x A^T, each dropout member's columns from its dropped x.
+    auto lora_product = [&](torch::Tensor& t_out) {
+      if (!any_dropout) {
+        at::mm_out(t_out, x, a_cat.t());
+        return;
+      }
+      int64_t col = 0;
+      for (size_t i = 0; i < group.ranks.size(); ++i) {
+        if (group.ranks[i] == 0) continue;
+        const LoraDropoutMask mask = dropout.Of(static_cast<int64_t>(i), dropout_p[i]);
+        torch::Tensor t_i = t_out.narrow(1, col, group.ranks[i]);
+        at::mm_out(t_i, mask.active() ? DropoutRows(x, mask) : x, a_cat.narrow(0, col, group.ranks[i]).t());
+        col += group.ranks[i];
+      }
+    };
     if (in_place) {
       if (rank > 0) {
         t = x_ext.narrow(1, in, rank);
-        at::mm_out(t, x, a_cat.t());
+        lora_product(t);
       }
       if (cols > rank) x_ext.narrow(1, in + rank, cols - rank).zero_();
       y = group.bias.defined() ? torch::addmm(group.bias, x_ext, top.t()) : torch::mm(x_ext, top.t());
@@ -151,7 +182,8 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
       // x W^T added onto it in the frozen GEMM's epilogue (beta 1), instead
       // of copying x into a widened buffer. The LoRA term is rounded to the
       // model dtype once more than in the widened product.
-      t = torch::mm(x, a_cat.t());
+      t = torch::empty({n, rank}, x.options());
+      lora_product(t);
       const torch::Tensor sb_t = top.narrow(1, in, rank).t();
       y = group.bias.defined() ? torch::addmm(group.bias, t, sb_t) : torch::mm(t, sb_t);
       y.addmm_(x, top.narrow(1, 0, in).t());
@@ -186,6 +218,11 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
     ctx->saved_data["ranks"] = group.ranks;
     ctx->saved_data["scaling"] = scaling;
     ctx->saved_data["dense_input_gradient"] = group.dense_input_gradient;
+    if (any_dropout) {
+      ctx->saved_data["dropout_draw"] = DropoutDrawToInts(*dropout.draw);
+      ctx->saved_data["dropout_first"] = dropout.first;
+      ctx->saved_data["dropout_p"] = dropout_p;
+    }
     return outputs;
   }
 
@@ -204,6 +241,19 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
     const auto scaling = ctx->saved_data["scaling"].toDoubleVector();
     const int64_t rank = Sum(ranks);
     const bool need_x = ctx->needs_input_grad(0);
+    // The members' dropout masks (none: inactive), from the forward's draw.
+    std::vector<LoraDropoutMask> masks(outs.size());
+    DropoutDraw draw;
+    bool any_dropout = false;
+    if (ctx->saved_data.find("dropout_draw") != ctx->saved_data.end()) {
+      draw = DropoutDrawFromInts(ctx->saved_data["dropout_draw"].toIntVector());
+      const DropoutMasks dropout{&draw, ctx->saved_data["dropout_first"].toInt()};
+      const auto p = ctx->saved_data["dropout_p"].toDoubleVector();
+      for (size_t i = 0; i < outs.size(); ++i) {
+        if (ranks[i] > 0) masks[i] = dropout.Of(static_cast<int64_t>(i), p[i]);
+        any_dropout = any_dropout || masks[i].active();
+      }
+    }
 
     const torch::Tensor g = StackedGradient(grads, outs, n);  // (N, sum out)
     const int64_t out_total = Sum(outs);
@@ -211,8 +261,33 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
     torch::Tensor grad_x, u;  // u = s g B (N, rank), every LoRA member's columns
     // Input wider than the output (down): [g | u | 0] [W ; A ; 0] = g W + u A,
     // so that no pass over the wide input gradient follows.
-    const bool lora_term_in_gemm = need_x && rank > 0 && widened.size(0) > out_total;
-    if (need_x && !lora_term_in_gemm && !ctx->saved_data["dense_input_gradient"].toBool()) {
+    const bool lora_term_in_gemm = need_x && rank > 0 && widened.size(0) > out_total && !any_dropout;
+    const bool dense = ctx->saved_data["dense_input_gradient"].toBool();
+    if (need_x && any_dropout) {
+      // g W and u as without dropout (one GEMM, or u first where the input
+      // gradient must be dense), then each member's term u_i A_i added,
+      // through its mask where it has one.
+      if (dense) {
+        u = torch::mm(g, top.narrow(1, in, rank));
+        grad_x = torch::mm(g, top.narrow(1, 0, in));
+      } else {
+        const torch::Tensor grad_ext = torch::mm(g, top);
+        grad_x = grad_ext.narrow(1, 0, in);
+        u = grad_ext.narrow(1, in, rank);
+      }
+      int64_t col = 0;
+      for (size_t i = 0; i < outs.size(); ++i) {
+        if (ranks[i] == 0) continue;
+        const torch::Tensor u_i = u.narrow(1, col, ranks[i]);
+        const torch::Tensor a_i = a_cat.narrow(0, col, ranks[i]);
+        if (masks[i].active()) {
+          AddDropoutRows(grad_x, torch::mm(u_i, a_i), masks[i]);
+        } else {
+          grad_x.addmm_(u_i, a_i);
+        }
+        col += ranks[i];
+      }
+    } else if (need_x && !lora_term_in_gemm && !dense) {
       // g [W | sB | 0] = [g W | u | 0]: the input gradient and u from one
       // GEMM, then u A added (disjoint columns of the one product).
       const torch::Tensor grad_ext = torch::mm(g, top);
@@ -252,7 +327,8 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
     }
     tensor_list result{grad_x};
     if (rank > 0) {
-      const torch::Tensor grad_a = LoraInputProduct(u, x, recipe);  // (rank, in)
+      const torch::Tensor grad_a =
+          any_dropout ? DroppedLoraInputProduct(u, x, recipe, ranks, masks) : LoraInputProduct(u, x, recipe);
       // t^T g (rank, sum out): every member's dB^T as a diagonal block, from
       // one thin product that reads g once (the off-diagonal blocks are
       // arithmetic to spare on a pass bound by memory). Per member, g_i^T t_i
@@ -301,6 +377,8 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
     result.push_back(torch::Tensor());  // group
     result.push_back(torch::Tensor());  // scaling
     result.push_back(torch::Tensor());  // recipe
+    result.push_back(torch::Tensor());  // dropout
+    result.push_back(torch::Tensor());  // dropout_p
     return result;
   }
 
@@ -328,6 +406,23 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
     }
     if (gate.defined()) return torch::mm(u.t(), FusedSwiGlu(gate, up));  // x again, freed after the GEMM
     return torch::mm(u.t(), x);
+  }
+
+  // u^T x (rank, in) with each member's rows u_i^T dropout_i(x) where it has
+  // a mask (x kept, or made again by SwiGLU's recipe).
+  static torch::Tensor DroppedLoraInputProduct(const torch::Tensor& u, const torch::Tensor& x,
+                                               at::ArrayRef<torch::Tensor> recipe, const std::vector<int64_t>& ranks,
+                                               const std::vector<LoraDropoutMask>& masks) {
+    const torch::Tensor rows = x.defined() ? x : FusedSwiGlu(recipe[3], recipe[4]);
+    torch::Tensor grad_a = torch::empty({u.size(1), rows.size(1)}, rows.options());
+    int64_t col = 0;
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      if (ranks[i] == 0) continue;
+      torch::Tensor grad_a_i = grad_a.narrow(0, col, ranks[i]);
+      at::mm_out(grad_a_i, u.narrow(1, col, ranks[i]).t(), masks[i].active() ? DropoutRows(rows, masks[i]) : rows);
+      col += ranks[i];
+    }
+    return grad_a;
   }
 
   // The members' output gradients side by side (N, sum out): the buffer they
@@ -366,16 +461,6 @@ bool WidenedLayoutFits(const LinearGroup& group, const std::vector<const Linear*
     const Linear* l = members[i];
     if (l->weight.requires_grad() || (l->bias.defined() && l->bias.requires_grad())) return false;
     if (group.ranks[i] != (l->lora ? l->lora->a.size(0) : 0)) return false;
-  }
-  return true;
-}
-
-// Whether the widened node applies: its layout fits, and no LoRA dropout runs
-// (training with dropout > 0).
-bool WidenedNodeApplies(const LinearGroup& group, const std::vector<const Linear*>& members, bool training) {
-  if (!WidenedLayoutFits(group, members)) return false;
-  for (const Linear* l : members) {
-    if (l->lora && training && l->lora->dropout > 0) return false;
   }
   return true;
 }
@@ -446,19 +531,22 @@ void Widen(LinearGroup& group, const std::vector<Linear*>& members) {
 }
 
 std::vector<torch::Tensor> ForwardGroup(const LinearGroup& group, const std::vector<const Linear*>& members,
-                                        const torch::Tensor& x, bool training, const InputRecipe& recipe) {
+                                        const torch::Tensor& x, const InputRecipe& recipe,
+                                        const DropoutMasks& dropout) {
   std::vector<torch::Tensor> outputs;
-  if (!WidenedNodeApplies(group, members, training)) {
-    for (const Linear* l : members) outputs.push_back(l->Forward(x, training));
+  if (!WidenedLayoutFits(group, members)) {
+    for (size_t i = 0; i < members.size(); ++i) {
+      outputs.push_back(members[i]->Forward(x, {dropout.draw, dropout.first + static_cast<int64_t>(i)}));
+    }
     return outputs;
   }
   // (N, in): a view (the leading dimensions merge), so a producer's wider
   // rows stay visible to WidenedView.
   const torch::Tensor x2 = x.reshape({-1, x.size(-1)});
   std::vector<torch::Tensor> lora;
-  std::vector<double> scaling;
-  LoraOf(members, &lora, &scaling);
-  tensor_list ys = WidenedGroupFunction::apply(x2, at::TensorList(lora), group, scaling, recipe);
+  std::vector<double> scaling, dropout_p;
+  LoraOf(members, &lora, &scaling, &dropout_p);
+  tensor_list ys = WidenedGroupFunction::apply(x2, at::TensorList(lora), group, scaling, recipe, dropout, dropout_p);
   for (size_t i = 0; i < members.size(); ++i) {
     std::vector<int64_t> shape = x.sizes().vec();
     shape.back() = group.outs[i];

@@ -29,8 +29,11 @@
 // is not copied into a widened buffer: the thin LoRA product s (x A^T) B^T
 // comes first, and the frozen GEMM adds x W^T onto it (beta 1).
 //
-// Where the node does not apply (weights that need gradients, LoRA dropout in
-// training, a group not widened), each member's Linear::Forward runs and
+// LoRA dropout runs on the node too: only the thin LoRA products see the
+// masks, made again from the forward pass's draw (engine/lora_dropout.h).
+//
+// Where the node does not apply (weights that need gradients, a group not
+// widened), each member's Linear::Forward runs and
 // autograd does the rest. Same products in the model dtype as Forward, with
 // the scaling folded into B's copy; sums may be ordered differently.
 #pragma once
@@ -41,6 +44,7 @@
 #include <torch/torch.h>
 
 #include "engine/linear.h"
+#include "engine/lora_dropout.h"
 
 namespace trainerd::engine {
 
@@ -138,12 +142,15 @@ void RefreshLoraCopies(const std::vector<GroupMembers>& groups);
 // Each member applied to x (..., in): their outputs (..., out_i) in order, as
 // Linear::Forward gives them. On the widened node the outputs are column views
 // of one (N, sum out_i) product (row stride sum out_i); `recipe` says how x was
-// made, if the node may keep that instead of x (ignored elsewhere).
+// made, if the node may keep that instead of x (ignored elsewhere). `dropout`:
+// the pass's draw (training) and member 0's mask number; member i's LoRA
+// dropout takes mask dropout.first + i.
 std::vector<torch::Tensor> ForwardGroup(const LinearGroup& group, const std::vector<const Linear*>& members,
-                                        const torch::Tensor& x, bool training, const InputRecipe& recipe = {});
-inline std::vector<torch::Tensor> ForwardGroup(const GroupMembers& group, const torch::Tensor& x, bool training,
-                                               const InputRecipe& recipe = {}) {
-  return ForwardGroup(*group.group, group.members, x, training, recipe);
+                                        const torch::Tensor& x, const InputRecipe& recipe = {},
+                                        const DropoutMasks& dropout = {});
+inline std::vector<torch::Tensor> ForwardGroup(const GroupMembers& group, const torch::Tensor& x,
+                                               const InputRecipe& recipe = {}, const DropoutMasks& dropout = {}) {
+  return ForwardGroup(*group.group, group.members, x, recipe, dropout);
 }
 
 }  // namespace trainerd::engine

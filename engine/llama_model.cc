@@ -218,9 +218,9 @@ PackedSegments RowSegments(int64_t b, int64_t t, const torch::Device& device) {
   return s;
 }
 
-LlamaModel::AttentionInputs LlamaModel::PrepareAttention(int64_t b, int64_t t, const torch::Tensor& position_ids,
+LlamaModel::LayerInputs LlamaModel::PrepareAttention(int64_t b, int64_t t, const torch::Tensor& position_ids,
                                                          const PackedSegments& segments) const {
-  AttentionInputs in;
+  LayerInputs in;
   const auto float_on_device = torch::TensorOptions().dtype(torch::kFloat32).device(device());
   if (UsesVarlenAttention()) {
     // Heads stay in (N, heads, d) with N = B*T flattened tokens, which is what
@@ -260,14 +260,16 @@ LlamaModel::AttentionInputs LlamaModel::PrepareAttention(int64_t b, int64_t t, c
 }
 
 torch::Tensor LlamaModel::Attention(const DecoderLayer& layer, const torch::Tensor& x, const InputRecipe& x_recipe,
-                                    const AttentionInputs& in) const {
+                                    const LayerInputs& in, const DropoutMasks& layer_masks) const {
   const int64_t b = x.size(0), t = x.size(1), d = config_.head_dim;
   const int64_t nh = config_.num_attention_heads, nkv = config_.num_key_value_heads;
-  std::vector<torch::Tensor> qkv = ForwardGroup(layer.QkvGroup(), x, training_, x_recipe);
+  std::vector<torch::Tensor> qkv = ForwardGroup(layer.QkvGroup(), x, x_recipe, layer_masks);  // modules 0-2
   // v gets its own copy below (16 MB at 8B's 4x2048): attention keeps v for
   // its backward, and a view of the widened group's product would keep all of
   // q|k|v alive; q and k are rotated into new tensors anyway.
-  auto o_proj = [&](const torch::Tensor& o) { return ForwardGroup(layer.OGroup(), o, training_)[0]; };
+  auto o_proj = [&](const torch::Tensor& o) {
+    return ForwardGroup(layer.OGroup(), o, {}, {layer_masks.draw, layer_masks.first + 3})[0];
+  };
   if (in.segments.defined()) {
     torch::Tensor q = qkv[0].view({b * t, nh, d});
     torch::Tensor k = qkv[1].view({b * t, nkv, d});
@@ -307,7 +309,7 @@ bool LlamaModel::UsesVarlenAttention() const {
   return engine::UsesVarlenAttention(device(), dtype(), config_.head_dim);
 }
 
-LlamaModel::Residual LlamaModel::LayerForward(size_t index, const Residual& h, const AttentionInputs& in) const {
+LlamaModel::Residual LlamaModel::LayerForward(size_t index, const Residual& h, const LayerInputs& in) const {
   const DecoderLayer& layer = layers_[index];
   const double eps = config_.rms_norm_eps;
   // Each producer leaves its consumer group's spare columns, and tells it how
@@ -321,13 +323,15 @@ LlamaModel::Residual LlamaModel::LayerForward(size_t index, const Residual& h, c
   std::tie(sum, x) = FusedAddRmsNorm(h.base, h.delta, layer.input_norm, eps, layer.qkv.spare_columns(),
                                      &normed.norm_rstd, DownGradientSpare(index));
   normed.norm_input = sum;
-  const torch::Tensor attention = Attention(layer, x, normed, in);
+  const DropoutMasks masks{&in.dropout, DecoderLayer::kModules * static_cast<int64_t>(index)};
+  const torch::Tensor attention = Attention(layer, x, normed, in, masks);
   normed.norm_weight = layer.post_attention_norm;
   torch::Tensor r;
   std::tie(r, x) = FusedAddRmsNorm(sum, attention, layer.post_attention_norm, eps, layer.gate_up.spare_columns(),
                                    &normed.norm_rstd);
   normed.norm_input = r;
-  const std::vector<torch::Tensor> gate_up = ForwardGroup(layer.GateUpGroup(), x, training_, normed);
+  const std::vector<torch::Tensor> gate_up =
+      ForwardGroup(layer.GateUpGroup(), x, normed, {masks.draw, masks.first + 4});  // modules 4-5
   const torch::Tensor act = FusedSwiGlu(gate_up[0], gate_up[1], layer.down.spare_columns());
   // With checkpointing on (memory first), a layer that keeps its activations
   // does not keep the SwiGLU output either: down makes it again in its
@@ -337,7 +341,7 @@ LlamaModel::Residual LlamaModel::LayerForward(size_t index, const Residual& h, c
     activated.gate = gate_up[0];
     activated.up = gate_up[1];
   }
-  return {r, ForwardGroup(layer.DownGroup(), act, training_, activated)[0]};
+  return {r, ForwardGroup(layer.DownGroup(), act, activated, {masks.draw, masks.first + 6})[0]};
 }
 
 void LlamaModel::WidenLinearGroups() {
@@ -355,7 +359,10 @@ torch::Tensor LlamaModel::Hidden(const torch::Tensor& input_ids, const torch::Te
   const int64_t b = input_ids.size(0), t = input_ids.size(1);
   RefreshLoraCopies();
   Residual h{torch::embedding(embed_tokens_, input_ids), {}};  // (B, T, H)
-  const AttentionInputs in = PrepareAttention(b, t, position_ids, segments);
+  LayerInputs in = PrepareAttention(b, t, position_ids, segments);
+  if (training_ && HasDropout()) {
+    in.dropout = NewDropoutDraw(device(), DecoderLayer::kModules * static_cast<int64_t>(layers_.size()));
+  }
   const bool recompute = training_ && torch::GradMode::is_enabled();
   for (size_t i = 0; i < layers_.size(); ++i) {
     h = recompute && Recomputes(i) ? CheckpointedLayer(*this, i, h, in) : LayerForward(i, h, in);

@@ -57,8 +57,10 @@ struct DecoderLayer {
 
   // The layer's linear modules by their short name (q_proj ... down_proj).
   Linear* Module(const std::string& short_name);
-  // All seven, in the checkpoint's order (q_proj ... down_proj).
-  std::array<const Linear*, 7> Modules() const {
+  // All seven, in the checkpoint's order (q_proj ... down_proj): module j of
+  // layer i draws LoRA dropout mask kModules * i + j (engine/lora_dropout.h).
+  static constexpr int64_t kModules = 7;
+  std::array<const Linear*, kModules> Modules() const {
     return {&q_proj, &k_proj, &v_proj, &o_proj, &gate_proj, &up_proj, &down_proj};
   }
 };
@@ -148,8 +150,9 @@ class LlamaModel {
     return gradient_checkpointing_ && index < static_cast<size_t>(checkpointed_layers());
   }
 
-  // What every layer's attention needs, prepared once per forward pass.
-  struct AttentionInputs {
+  // What every layer needs besides its input, prepared once per forward pass:
+  // attention's inputs and LoRA dropout's draw.
+  struct LayerInputs {
     // Defined: variable-length flash attention over these segments, heads in
     // (N, heads, d) with N = B*T; `positions` (N) int64 are the rotary positions.
     PackedSegments segments;
@@ -162,8 +165,12 @@ class LlamaModel {
     // (B or 1, 1, T, d) on the dense path.
     torch::Tensor cos, sin;
     torch::Tensor mask;  // dense path, packed rows: (B, 1, T, T) bool
+    // Training with LoRA dropout: the masks of every layer's modules
+    // (engine/lora_dropout.h); undefined otherwise. Activation checkpointing
+    // runs a layer again with the same LayerInputs, so with the same masks.
+    DropoutDraw dropout;
   };
-  AttentionInputs PrepareAttention(int64_t b, int64_t t, const torch::Tensor& position_ids,
+  LayerInputs PrepareAttention(int64_t b, int64_t t, const torch::Tensor& position_ids,
                                    const PackedSegments& segments) const;
   // The residual stream between decoder layers, (B, T, H): base + delta,
   // left unsummed so that the next norm makes the sum in its own kernel
@@ -173,7 +180,7 @@ class LlamaModel {
     torch::Tensor base, delta;
   };
   // Decoder layer `index` on h -> the layer's output, h + attention + MLP.
-  Residual LayerForward(size_t index, const Residual& h, const AttentionInputs& in) const;
+  Residual LayerForward(size_t index, const Residual& h, const LayerInputs& in) const;
 
   // Moves every layer's frozen projection weights into its groups' widened
   // matrices (engine/linear_group.h), laid out for the LoRA attached now: call
@@ -195,16 +202,16 @@ class LlamaModel {
   // first; a replayed CUDA graph of the forward does not (engine/step_graph.h).
   void RefreshLoraCopies() const;
 
-  // Whether a LoRA module draws dropout in training: the forward then uses
-  // random numbers (what activation checkpointing must replay, and what a
-  // CUDA graph of the step cannot hold).
+  // Whether a LoRA module has dropout: a training forward then draws its
+  // masks (LayerInputs::dropout).
   bool HasDropout() const;
 
  private:
   explicit LlamaModel(ModelConfig config) : config_(std::move(config)) {}
   // x: the normalised layer input; x_recipe: how it was made (ForwardGroup).
+  // layer_masks: the layer's LoRA dropout masks (module 0's number first).
   torch::Tensor Attention(const DecoderLayer& layer, const torch::Tensor& x, const InputRecipe& x_recipe,
-                          const AttentionInputs& in) const;
+                          const LayerInputs& in, const DropoutMasks& layer_masks) const;
   // The spare columns the norm after layer `index - 1` leaves in the gradient
   // of that layer's down output (LinearGroup::gradient_spare_columns); 0 for
   // index 0.

@@ -31,12 +31,8 @@ BatchShape StepGraphPlan::ShapeOf(const std::vector<const TokenExample*>& exampl
   return BatchShape{std::min(width, longest), segments};
 }
 
-StepGraphPlan PlanStepGraph(const TokenDataset& data, bool dropout, int64_t micro_batch_size) {
+StepGraphPlan PlanStepGraph(const TokenDataset& data, int64_t micro_batch_size) {
   StepGraphPlan plan;
-  if (dropout) {
-    plan.obstacle = "LoRA dropout draws new random numbers every step";
-    return plan;
-  }
   if (data.examples.empty()) return plan;
   const bool packed = !data.examples.front().position_ids.empty();
   int64_t most_examples = 0;

@@ -19,9 +19,11 @@
 //    many lengths needs few graphs;
 //  - the body divides by the step's target count read from a device scalar,
 //    not from a number baked into a kernel's arguments;
-//  - the body draws no random numbers (no dropout) and never synchronises
-//    with the host, and nothing it decides on the host depends on the
-//    batch's values;
+//  - the body never synchronises with the host, and nothing it decides on
+//    the host depends on the batch's values; its random numbers (LoRA
+//    dropout's masks) come from the generator's graph-safe state, which each
+//    replay advances (engine/lora_dropout.h): every replay draws new masks,
+//    the ones the same micro-batch would draw kernel by kernel;
 //  - the gradients are the parameters' .grad, made once and zeroed in place
 //    at every step (BeginStep): each micro-batch, recorded or not, adds into
 //    them, so that every graph writes the same tensors (the widened LoRA
@@ -69,7 +71,6 @@ constexpr int64_t kGraphWidthMultiple = 16;
 
 // How a job's micro-batches run as graphs, or why they cannot (`obstacle`,
 // "" when they can). Independent of the device.
-//  - LoRA dropout (`dropout`: LlamaModel::HasDropout) draws random numbers: no graph.
 //  - Packed and unpacked examples cannot be mixed (a batch's inputs differ).
 struct StepGraphPlan {
   std::string obstacle;
@@ -81,7 +82,7 @@ struct StepGraphPlan {
   // to a multiple of `width_multiple`, at most `longest`; packed, `segments`.
   BatchShape ShapeOf(const std::vector<const TokenExample*>& examples) const;
 };
-StepGraphPlan PlanStepGraph(const TokenDataset& data, bool dropout, int64_t micro_batch_size);
+StepGraphPlan PlanStepGraph(const TokenDataset& data, int64_t micro_batch_size);
 
 class StepGraph {
  public:

@@ -250,7 +250,7 @@ StatusOr<RunResult> Trainer::Run(const RunOptions& options) {
   std::optional<StepGraph> graph;
   StepGraphPlan plan;
   if (t.cuda_graphs && StepGraph::Supported(model_.device())) {
-    plan = PlanStepGraph(train_, model_.HasDropout(), t.micro_batch_size);
+    plan = PlanStepGraph(train_, t.micro_batch_size);
     if (plan.obstacle.empty()) {
       graph.emplace(params, model_.device(), [this](const Batch& batch, const torch::Tensor& count) {
         return ForwardBackward(model_, {batch}, count);

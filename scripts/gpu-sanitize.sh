@@ -15,15 +15,22 @@
 # by 10-100x. Usage: scripts/gpu-sanitize.sh [build dir, default /tmp/b].
 # FILTER: a gtest filter over the CUDA tests (default every FusedOpsCudaTest),
 # e.g. FILTER='FusedOpsCudaTest.*RmsNorm*' after a change to one kernel.
+# SUITE=dropout: the LoRA dropout kernel's tests instead (tests/engine/lora_dropout_test
+# on CUDA, default filter LoraDropout.*).
 # Logs go to $OUT (or /tmp/gpu-sanitize); prints one summary line and exits
 # non-zero when a tool reported an error or the binary is missing.
 set -uo pipefail
 b=${1:-/tmp/b}
-bin=$b/tests/engine/fused_ops_test
+if [ "${SUITE:-fused}" = dropout ]; then
+  bin=$b/tests/engine/lora_dropout_test filter=${FILTER:-LoraDropout.*}
+  export TRAINERD_TEST_DEVICE=cuda
+else
+  bin=$b/tests/engine/fused_ops_test filter=${FILTER:-FusedOpsCudaTest.*}
+fi
 out=${OUT:-/tmp/gpu-sanitize}
 mkdir -p "$out"
 cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-if [ ! -x "$bin" ]; then echo "gpu-sanitize: $bin is missing (build fused_ops_test first)"; exit 2; fi
+if [ ! -x "$bin" ]; then echo "gpu-sanitize: $bin is missing (build it first)"; exit 2; fi
 if [ ! -x "$cs" ]; then echo "gpu-sanitize: compute-sanitizer not found (PATH or /usr/local/cuda/bin)"; exit 2; fi
 
 export PYTORCH_NO_CUDA_MEMORY_CACHING=1 TRAINERD_FUSED_TEST_QUICK=1
@@ -31,7 +38,7 @@ summary="" failed=0
 for tool in memcheck racecheck synccheck; do
   only=()
   [ "$tool" = racecheck ] && only=(--kernel-name kns=trainerd)
-  "$cs" --tool "$tool" "${only[@]}" --error-exitcode 1 "$bin" --gtest_filter="${FILTER:-FusedOpsCudaTest.*}" > "$out/$tool.log" 2>&1
+  "$cs" --tool "$tool" "${only[@]}" --error-exitcode 1 "$bin" --gtest_filter="$filter" > "$out/$tool.log" 2>&1
   rc=$?
   # The tool's own verdict ("ERROR SUMMARY: n errors"; racecheck: "n hazards").
   verdict=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/$tool.log" | tail -1 | sed 's/^=* *//')

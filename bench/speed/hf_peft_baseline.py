@@ -66,6 +66,7 @@ def main():
     ap.add_argument("--grad-ckpt", action="store_true")
     ap.add_argument("--rank", type=int, default=16)
     ap.add_argument("--alpha", type=int, default=32)
+    ap.add_argument("--lora-dropout", type=float, default=0.0)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--tokens")
@@ -91,7 +92,8 @@ def main():
     if a.grad_ckpt:
         model.gradient_checkpointing_enable()
         model.enable_input_require_grads()
-    model = get_peft_model(model, LoraConfig(r=a.rank, lora_alpha=a.alpha, lora_dropout=0.0, target_modules=TARGETS))
+    model = get_peft_model(model, LoraConfig(r=a.rank, lora_alpha=a.alpha, lora_dropout=a.lora_dropout,
+                                             target_modules=TARGETS))
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, fused=True)
     fwd = torch.compile(model) if a.compile else model
     if a.tokens:

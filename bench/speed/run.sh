@@ -13,6 +13,7 @@
 #   CUSTOM_MB=4 CUSTOM_SEQ=2048 CUSTOM_CKPT=0    its micro-batch, sequence length, activation checkpointing
 #   CKPT_LAYERS=14                       the 8b-ckpt row: how many layers trainerd recomputes
 #   LORA_R=16 LORA_ALPHA=2*LORA_R        the LoRA rank and alpha of every row, on both sides
+#   LORA_DROPOUT=0.0                     LoRA dropout of every row, on both sides
 #   SYSTEMS="trainerd hf hf-compile"     systems to run on each row
 #   WORK_DIR=/tmp/trainerd-speed         model folders, token files, jobs, logs; results in $WORK_DIR/results
 #   KEEP=1                               keep the good results already there, run only what is missing or failed
@@ -45,6 +46,7 @@ profile=${PROFILE:-0}
 extra_all=${TRAINERD_EXTRA_YAML:-}
 lora_r=${LORA_R:-16}
 lora_alpha=${LORA_ALPHA:-}
+lora_dropout=${LORA_DROPOUT:-0.0}
 out=${OUT:-}
 export PYTHONUNBUFFERED=1
 
@@ -116,6 +118,10 @@ for r in $rows; do row_def "$r" || { fail "unknown row '$r' (rows: 1b 8b 8b-ckpt
 case "$lora_r" in '' | *[!0-9]*) fail "LORA_R must be a whole number, got '$lora_r'"; exit 2 ;; esac
 [ -n "$lora_alpha" ] || lora_alpha=$((2 * lora_r))
 case "$lora_alpha" in *[!0-9]*) fail "LORA_ALPHA must be a whole number, got '$lora_alpha'"; exit 2 ;; esac
+case "$lora_dropout" in
+  0 | 0.* | .*) ;;
+  *) fail "LORA_DROPOUT must be a number in [0, 1), got '$lora_dropout'"; exit 2 ;;
+esac
 for s in $systems; do
   case $s in trainerd | hf | hf-compile) ;; *) fail "unknown system '$s' (systems: trainerd hf hf-compile)"; exit 2 ;; esac
 done
@@ -257,7 +263,7 @@ model:
 adapter:
   r: $lora_r
   alpha: $lora_alpha
-  dropout: 0.0
+  dropout: $lora_dropout
   target_modules: all-linear
 data:
   train: "$3"
@@ -337,7 +343,7 @@ for r in $rows; do
       fi
     else
       args=(--model-dir "$model" --micro-batch "$mb" --seq "$seq" --tokens "$tokens" --warmup "$warmup" --steps "$steps"
-            --rank "$lora_r" --alpha "$lora_alpha")
+            --rank "$lora_r" --alpha "$lora_alpha" --lora-dropout "$lora_dropout")
       [ "$ckpt" = 1 ] && args+=(--grad-ckpt)
       [ "$s" = hf-compile ] && args+=(--compile)
       run_timed "$base.log" python3 "$here/hf_peft_baseline.py" "${args[@]}"

@@ -1,7 +1,8 @@
 // Fused CUDA kernels for the Llama decoder's memory-bound steps: RMSNorm,
 // SwiGLU and rotary embeddings (RoPE), forward and backward, the softmax
-// cross-entropy of rows of logits with its gradient, in place, and many small
-// scaled copies in one launch (LoRA's parameter and gradient casts).
+// cross-entropy of rows of logits with its gradient, in place, many small
+// scaled copies in one launch (LoRA's parameter and gradient casts), and LoRA
+// dropout with masks made again from the generator's state (philox.h).
 //
 // Torch-free on purpose: the launchers take raw device pointers, sizes, a
 // dtype and a cudaStream_t passed as `void*`, so this header can be included
@@ -180,5 +181,27 @@ struct ScaledCopy {
 constexpr int kMaxScaledCopies = 48;
 [[nodiscard]] std::string ScaledCopies(const ScaledCopy* copies, int count, DType src_dtype, DType dst_dtype,
                                        void* stream);
+
+// ---- LoRA dropout ----------------------------------------------------------
+// The generator state a dropout launch reads: seed and offset as values, or,
+// for a launch recorded in a CUDA graph, read from device memory each time the
+// graph runs (LibTorch's graph-safe generator state: *seed_ptr, and
+// *offset_ptr + offset_intragraph).
+struct PhiloxState {
+  uint64_t seed = 0, offset = 0;
+  const int64_t* seed_ptr = nullptr;    // non-null: the seed is *seed_ptr
+  const int64_t* offset_ptr = nullptr;  // non-null: the offset is *offset_ptr + offset_intragraph
+  uint64_t offset_intragraph = 0;
+};
+// Dropout mask number offset + mask_index (philox.h) applied to x:
+//   y = T(float(x) * scale) where element e = r * cols + c is kept, 0 where it is dropped;
+//   with accumulate, y = T(float(y) + float(T(float(x) * scale))) where kept, y unchanged where dropped
+// (LibTorch's x * mask * scale, and y.add_() of it, bit for bit, mask being 0/1 in the dtype).
+//   x: (rows, cols) dtype, rows x_stride >= cols elements apart
+//   y: (rows, cols) dtype, rows y_stride >= cols apart; may be x itself (same stride), else may not overlap it
+// drop_below: DropoutThreshold(p) (philox.h); scale: 1 / (1 - p) for dropout, 1 for the 0/1 mask itself.
+[[nodiscard]] std::string DropoutRows(const void* x, int64_t x_stride, void* y, int64_t y_stride, int64_t rows,
+                                      int64_t cols, const PhiloxState& philox, uint64_t mask_index,
+                                      uint32_t drop_below, float scale, bool accumulate, DType dtype, void* stream);
 
 }  // namespace trainerd::kernels

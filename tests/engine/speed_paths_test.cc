@@ -4,6 +4,7 @@
 // the fused AdamW, the step read-back, the FLOPs count and the micro-batch probe.
 // Runs on TRAINERD_TEST_DEVICE / TRAINERD_TEST_DTYPE (CPU float32 in CI).
 #include <cmath>
+#include <map>
 #include <mutex>
 
 #include "engine/activation_checkpoint.h"
@@ -103,11 +104,12 @@ TEST(LinearCrossEntropy, MatchesPlainCrossEntropyInEveryChunking) {
 // with LoRA dropout on (the second run must draw the same mask), whether every
 // layer recomputes or only the first (gradient_checkpointing_layers: 1).
 TEST(ActivationCheckpointing, SameLossAndGradientsWithDropout) {
+  std::map<double, double> plain_loss;  // by dropout
   // (0.0, 1): the kept layer's down group makes its SwiGLU input again (InputRecipe).
   for (auto [dropout, layers] : {std::pair<double, int64_t>{0.0, 0}, {0.0, 1}, {0.3, 0}, {0.3, 1}}) {
     SCOPED_TRACE("checkpointed layers " + std::to_string(layers) + " (0: all)");
     auto model = FixtureModel(dropout);
-    // Checkpointing keeps and restores the generator's state only where dropout draws numbers.
+    // A training forward draws dropout masks only where a module has dropout.
     EXPECT_EQ(model->HasDropout(), dropout > 0);
     model->set_training(true);
     std::vector<engine::TokenExample> storage;
@@ -115,6 +117,7 @@ TEST(ActivationCheckpointing, SameLossAndGradientsWithDropout) {
 
     torch::manual_seed(21);
     torch::Tensor plain = engine::CausalLmLossSum(*model, batch);
+    plain_loss[dropout] = plain.item<double>();
     plain.backward();
     std::vector<torch::Tensor> plain_grads = Gradients(*model);
     ZeroGradients(*model);
@@ -136,6 +139,9 @@ TEST(ActivationCheckpointing, SameLossAndGradientsWithDropout) {
     // Layer 0's adapters got gradients although the embedding output needs none.
     EXPECT_GT(ckpt_grads[0].abs().sum().item<double>(), 0);
   }
+  // The masks applied: dropout changed the loss (LoRA B is random here) by
+  // more than rounding moves it (measured: 1.7% in bfloat16 on CUDA).
+  EXPECT_GT(std::abs(plain_loss[0.3] - plain_loss[0.0]), 0.005 * std::abs(plain_loss[0.0]));
 }
 
 // x (N, in) copied into the left part of rows `in + spare` wide, made inside a
@@ -186,7 +192,8 @@ class WideGradientRowsFunction : public torch::autograd::Function<WideGradientRo
 // get theirs; and an input a producer wrote into rows with the group's spare
 // columns (used in place, not copied), as a producer's custom Function made
 // it (WideRowsFunction). Run twice, so the second forward
-// rewrites the widened matrix's B columns from B after a change to B.
+// rewrites the widened matrix's B columns from B after a change to B, and a
+// third time with LoRA dropout, each side given the same masks.
 TEST(LinearGroup, MatchesTheLayersOneByOne) {
   torch::manual_seed(5);
   const auto opts = torch::TensorOptions().dtype(TorchTestDtype()).device(TorchTestDevice());
@@ -217,7 +224,17 @@ TEST(LinearGroup, MatchesTheLayersOneByOne) {
   }
   std::vector<const engine::Linear*> plain_members{&layers[0], &layers[1], &layers[2]};
   std::vector<const engine::Linear*> group_members{&widened[0], &widened[1], &widened[2]};
-  for (int round = 0; round < 2; ++round) {
+  // Round 2: LoRA dropout on both adapters (different p), masks 5, 6, 7 of a
+  // draw (the third module has no adapter), the same masks for both sides.
+  const engine::DropoutDraw draw = engine::NewDropoutDraw(TorchTestDevice(), 8);
+  std::vector<torch::Tensor> undropped;  // round 2's first outputs without dropout
+  for (int round = 0; round < 3; ++round) {
+    const bool dropout = round == 2;
+    if (dropout) {
+      layers[0].lora->dropout = widened[0].lora->dropout = 0.5;
+      layers[1].lora->dropout = widened[1].lora->dropout = 0.25;
+    }
+    const engine::DropoutMasks masks{dropout ? &draw : nullptr, 5};
     for (int input = 0; input < 3; ++input) {  // 0: needs grad; 1: needs none; 2: in wider rows
       const bool input_needs_grad = input != 1;
       // Forward, then a loss that weighs every output differently.
@@ -227,9 +244,15 @@ TEST(LinearGroup, MatchesTheLayersOneByOne) {
         if (grouped && input == 2) x = WideRowsFunction::apply(p.view({10, in}), group.cols);  // spare: junk
         std::vector<torch::Tensor> ys;
         if (grouped) {
-          ys = engine::ForwardGroup(group, group_members, x, /*training=*/true);
+          ys = engine::ForwardGroup(group, group_members, x, {}, masks);
+          if (dropout && input == 0) {
+            const torch::NoGradGuard no_grad;
+            undropped = engine::ForwardGroup(group, group_members, x);
+          }
         } else {
-          for (const engine::Linear* l : plain_members) ys.push_back(l->Forward(x, /*training=*/true));
+          for (size_t i = 0; i < plain_members.size(); ++i) {
+            ys.push_back(plain_members[i]->Forward(x, {masks.draw, masks.first + static_cast<int64_t>(i)}));
+          }
         }
         torch::Tensor loss = torch::zeros({}, f32);
         for (size_t i = 0; i < ys.size(); ++i) {
@@ -264,20 +287,18 @@ TEST(LinearGroup, MatchesTheLayersOneByOne) {
         EXPECT_LE(RelativeError(grouped[i], plain[i]), TestTolerances().loss * 10)
             << "tensor " << i << " (round " << round << ", input " << input << ")";
       }
+      if (dropout && input == 0) {
+        // The masks applied: the adapters' outputs moved, the third did not.
+        for (size_t i = 0; i < 2; ++i) {
+          EXPECT_GT(RelativeError(grouped[i], undropped[i].reshape({-1, outs[i]})), 0.01) << "member " << i;
+        }
+        EXPECT_TRUE(torch::equal(grouped[2], undropped[2].reshape({-1, outs[2]})));
+      }
     }
     torch::NoGradGuard no_grad;
     for (auto& l : layers) {
       if (l.lora) l.lora->b.add_(0.1);
     }
-  }
-  // LoRA dropout in training: each layer's own Forward (the same draws as one by one).
-  for (auto* l : {&widened[0], &widened[1]}) l->lora->dropout = 0.5;
-  torch::Tensor x = torch::randn({3, in}, opts);
-  torch::manual_seed(3);
-  const auto ys = engine::ForwardGroup(group, group_members, x, /*training=*/true);
-  torch::manual_seed(3);
-  for (size_t i = 0; i < 3; ++i) {
-    EXPECT_TRUE(torch::equal(ys[i], widened[i].Forward(x, /*training=*/true))) << "member " << i;
   }
 }
 
@@ -297,18 +318,21 @@ struct OneLayerGroup {
     engine::Widen(group, {&widened});
   }
 
+  void SetDropout(double p) { layer.lora->dropout = widened.lora->dropout = p; }
+
   // The output, input gradient and adapter gradients of the layer alone or
   // as the group, for a loss weighing each output column differently; sets
   // *dense_input_gradient to whether the input's gradient came dense.
   // gradient_rows: when given, y's gradient reaches the layer as the left
   // part of rows with the group's gradient_spare_columns (WideGradientRowsFunction).
+  // masks: LoRA dropout's (with the adapter's p), for both the layer and the group.
   std::vector<torch::Tensor> Run(const torch::Tensor& x0, bool grouped, bool* dense_input_gradient = nullptr,
-                                 torch::Tensor* gradient_rows = nullptr) {
+                                 torch::Tensor* gradient_rows = nullptr, const engine::DropoutMasks& masks = {}) {
     torch::Tensor x = x0.clone().requires_grad_();
     if (dense_input_gradient != nullptr) {
       x.register_hook([dense_input_gradient](const torch::Tensor& g) { *dense_input_gradient = g.is_contiguous(); });
     }
-    torch::Tensor y = grouped ? engine::ForwardGroup(group, {&widened}, x, true)[0] : layer.Forward(x, true);
+    torch::Tensor y = grouped ? engine::ForwardGroup(group, {&widened}, x, {}, masks)[0] : layer.Forward(x, masks);
     if (gradient_rows != nullptr) {
       y = WideGradientRowsFunction::apply(y, group.gradient_spare_columns(), gradient_rows);
     }
@@ -345,7 +369,7 @@ TEST(LinearGroup, AddsIntoGradientsAlreadyThere) {
     b.mutable_grad() = before_b.clone();
     const torch::Tensor grad_a = a.grad(), grad_b = b.grad();
     const torch::Tensor y =
-        grouped ? engine::ForwardGroup(g.group, {&g.widened}, x, true)[0] : g.layer.Forward(x, true);
+        grouped ? engine::ForwardGroup(g.group, {&g.widened}, x)[0] : g.layer.Forward(x);
     (y.to(torch::kFloat32) * torch::linspace(-1, 1, y.size(-1), f32)).sum().backward();
     EXPECT_TRUE(a.grad().is_same(grad_a) && b.grad().is_same(grad_b)) << (grouped ? "group" : "layer");
     return std::vector<torch::Tensor>{a.grad().clone(), b.grad().clone()};
@@ -427,6 +451,13 @@ TEST(LinearGroup, InputRecipesKeepNoInputAndGiveTheSameGradients) {
     }
   };
   const double eps = 1e-5;
+  // With LoRA dropout: the same masks for both sides; the nodes then keep (or
+  // make again, after SwiGLU) the input the masks apply to.
+  const engine::DropoutDraw draw = engine::NewDropoutDraw(TorchTestDevice(), 2);
+  const engine::DropoutMasks masks{&draw, 0};
+  auto set_dropout = [](std::vector<engine::Linear>& layers, double p) {
+    for (auto& l : layers) l.lora->dropout = p;
+  };
 
   {  // RMSNorm, then a q|k-like group.
     const int64_t in = 24;
@@ -437,7 +468,7 @@ TEST(LinearGroup, InputRecipesKeepNoInputAndGiveTheSameGradients) {
     const std::vector<const engine::Linear*> members{&widened[0], &widened[1]};
     const torch::Tensor h0 = torch::randn({2, 5, in}, opts) * 3;
     const torch::Tensor w = torch::rand({in}, opts) + 0.5;
-    auto run = [&](bool grouped) {
+    auto run = [&](bool grouped, const engine::DropoutMasks& m = {}) {
       clear_grads(layers);
       torch::Tensor h = h0.clone().requires_grad_(true);
       std::vector<torch::Tensor> ys;
@@ -446,10 +477,10 @@ TEST(LinearGroup, InputRecipesKeepNoInputAndGiveTheSameGradients) {
         recipe.norm_input = h;
         recipe.norm_weight = w;
         const torch::Tensor x = engine::FusedRmsNorm(h, w, eps, group.spare_columns(), &recipe.norm_rstd);
-        ys = engine::ForwardGroup(group, members, x, /*training=*/true, recipe);
+        ys = engine::ForwardGroup(group, members, x, recipe, m);
       } else {
         const torch::Tensor x = engine::PlainRmsNorm(h, w, eps);
-        for (const auto& l : layers) ys.push_back(l.Forward(x, /*training=*/true));
+        for (size_t i = 0; i < layers.size(); ++i) ys.push_back(layers[i].Forward(x, {m.draw, m.first + int64_t(i)}));
       }
       torch::Tensor loss = torch::zeros({}, f32);
       for (size_t i = 0; i < ys.size(); ++i) {
@@ -466,7 +497,7 @@ TEST(LinearGroup, InputRecipesKeepNoInputAndGiveTheSameGradients) {
     // The node's hold on its input: kept without a recipe, not with one.
     torch::Tensor rstd;
     torch::Tensor x = engine::PlainRmsNorm(h0, w, eps, &rstd);
-    const auto kept = engine::ForwardGroup(group, members, x, true);  // the node lives while its outputs do
+    const auto kept = engine::ForwardGroup(group, members, x);  // the node lives while its outputs do
     EXPECT_FALSE(FreedWhenDropped(x)) << "the control: a node without a recipe keeps its input";
     x = engine::PlainRmsNorm(h0, w, eps);
     engine::InputRecipe recipe;
@@ -474,10 +505,17 @@ TEST(LinearGroup, InputRecipesKeepNoInputAndGiveTheSameGradients) {
     recipe.norm_rstd = rstd;
     recipe.norm_weight = w;
     clear_grads(layers);
-    const auto ys = engine::ForwardGroup(group, members, x, true, recipe);
+    const auto ys = engine::ForwardGroup(group, members, x, recipe);
     EXPECT_TRUE(FreedWhenDropped(x)) << "the node kept its input although the recipe makes it";
     (ys[0].to(torch::kFloat32).sum() + ys[1].to(torch::kFloat32).sum()).backward();
     EXPECT_TRUE(layers[0].lora->a.grad().defined());
+
+    set_dropout(layers, 0.3);
+    set_dropout(widened, 0.3);
+    expect_close(run(true, masks), run(false, masks), "after RMSNorm, with dropout");
+    x = engine::PlainRmsNorm(h0, w, eps);
+    const auto dropped = engine::ForwardGroup(group, members, x, recipe, masks);
+    EXPECT_FALSE(FreedWhenDropped(x)) << "with dropout the node must keep the input its masks apply to";
   }
 
   {  // SwiGLU, then a down-like group (input wider than output).
@@ -487,7 +525,7 @@ TEST(LinearGroup, InputRecipesKeepNoInputAndGiveTheSameGradients) {
     engine::LinearGroup group;
     engine::Widen(group, {&widened[0]});
     const torch::Tensor gate_up0 = torch::randn({5, 2 * in}, opts);
-    auto run = [&](bool grouped) {
+    auto run = [&](bool grouped, const engine::DropoutMasks& m = {}) {
       clear_grads(layers);
       torch::Tensor gate_up = gate_up0.clone().requires_grad_(true);
       const torch::Tensor gate = gate_up.narrow(1, 0, in), up = gate_up.narrow(1, in, in);
@@ -497,9 +535,9 @@ TEST(LinearGroup, InputRecipesKeepNoInputAndGiveTheSameGradients) {
         recipe.gate = gate;
         recipe.up = up;
         const torch::Tensor act = engine::FusedSwiGlu(gate, up, group.spare_columns());
-        y = engine::ForwardGroup(group, {&widened[0]}, act, /*training=*/true, recipe)[0];
+        y = engine::ForwardGroup(group, {&widened[0]}, act, recipe, m)[0];
       } else {
-        y = layers[0].Forward(engine::PlainSwiGlu(gate, up), /*training=*/true);
+        y = layers[0].Forward(engine::PlainSwiGlu(gate, up), m);
       }
       (y.to(torch::kFloat32) * torch::linspace(-1, 1, 8, f32)).sum().backward();
       std::vector<torch::Tensor> out{y, gate_up.grad()};
@@ -514,8 +552,53 @@ TEST(LinearGroup, InputRecipesKeepNoInputAndGiveTheSameGradients) {
     engine::InputRecipe recipe;
     recipe.gate = gate;
     recipe.up = up;
-    const auto kept = engine::ForwardGroup(group, {&widened[0]}, act, true, recipe);
+    const auto kept = engine::ForwardGroup(group, {&widened[0]}, act, recipe);
     EXPECT_TRUE(FreedWhenDropped(act)) << "the node kept its input although the recipe makes it";
+
+    set_dropout(layers, 0.3);
+    set_dropout(widened, 0.3);
+    expect_close(run(true, masks), run(false, masks), "after SwiGLU, with dropout");
+    act = engine::PlainSwiGlu(gate, up);
+    const auto dropped = engine::ForwardGroup(group, {&widened[0]}, act, recipe, masks);
+    EXPECT_TRUE(FreedWhenDropped(act)) << "with dropout too, SwiGLU's recipe makes the input again";
+  }
+}
+
+// LoRA dropout on the node's other layouts: a group with A rows (down), whose
+// input gradient then takes the masked terms after its GEMM (also with its
+// output gradient in rows with room for u), and a group asked for a dense
+// input gradient (o): the layer's outputs and gradients under the same masks,
+// and not the ones without dropout.
+TEST(LinearGroup, LoraDropoutOnEveryLayout) {
+  torch::manual_seed(17);
+  const auto opts = torch::TensorOptions().dtype(TorchTestDtype()).device(TorchTestDevice());
+  const engine::DropoutDraw draw = engine::NewDropoutDraw(TorchTestDevice(), 4);
+  const engine::DropoutMasks masks{&draw, 3};
+  auto expect_moved = [](const std::vector<torch::Tensor>& got, const std::vector<torch::Tensor>& undropped) {
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_GT(RelativeError(got[i], undropped[i]), 0.01) << "tensor " << i;
+  };
+  {
+    OneLayerGroup down(8, 40, 3, 1.5);
+    const torch::Tensor x = torch::randn({5, 40}, opts);
+    const std::vector<torch::Tensor> undropped = down.Run(x, false);
+    down.SetDropout(0.4);
+    const std::vector<torch::Tensor> plain = down.Run(x, false, nullptr, nullptr, masks);
+    expect_moved(plain, undropped);
+    ExpectSameTensors(down.Run(x, true, nullptr, nullptr, masks), plain);
+    torch::Tensor rows;
+    ExpectSameTensors(down.Run(x, true, nullptr, &rows, masks), plain);
+  }
+  {
+    OneLayerGroup o(24, 24, 4, 2.0);
+    o.group.dense_input_gradient = true;
+    const torch::Tensor x = torch::randn({6, 24}, opts);
+    const std::vector<torch::Tensor> undropped = o.Run(x, false);
+    o.SetDropout(0.2);
+    const std::vector<torch::Tensor> plain = o.Run(x, false, nullptr, nullptr, masks);
+    expect_moved(plain, undropped);
+    bool dense = false;
+    ExpectSameTensors(o.Run(x, true, &dense, nullptr, masks), plain);
+    EXPECT_TRUE(dense);
   }
 }
 
@@ -533,11 +616,11 @@ TEST(LinearGroup, WithoutLoraIsTheStackedProduct) {
   EXPECT_EQ(group.spare_columns(), 0);
   torch::Tensor x = torch::randn({3, 16}, opts).requires_grad_();
   torch::Tensor x2 = x.detach().clone().requires_grad_();
-  const auto ys = engine::ForwardGroup(group, {&widened[0], &widened[1]}, x, /*training=*/true);
+  const auto ys = engine::ForwardGroup(group, {&widened[0], &widened[1]}, x);
   (ys[0].sum() + 2 * ys[1].sum()).backward();
-  (layers[0].Forward(x2, true).sum() + 2 * layers[1].Forward(x2, true).sum()).backward();
+  (layers[0].Forward(x2).sum() + 2 * layers[1].Forward(x2).sum()).backward();
   for (int i = 0; i < 2; ++i) {
-    EXPECT_LE(RelativeError(ys[i], layers[i].Forward(x2, true)), TestTolerances().loss * 10) << "member " << i;
+    EXPECT_LE(RelativeError(ys[i], layers[i].Forward(x2)), TestTolerances().loss * 10) << "member " << i;
   }
   EXPECT_LE(RelativeError(x.grad(), x2.grad()), TestTolerances().loss * 10);
 }
@@ -611,9 +694,9 @@ TEST(LinearGroup, LoraCopiesFollowTheParameters) {
     };
     auto expect_forward = [&](const std::string& when) {
       const torch::Tensor x = torch::randn({7, in}, opts);
-      const std::vector<torch::Tensor> ys = engine::ForwardGroup(group, members, x, /*training=*/true);
+      const std::vector<torch::Tensor> ys = engine::ForwardGroup(group, members, x);
       for (size_t i = 0; i < 2; ++i) {
-        EXPECT_LE(RelativeError(ys[i], layers[i].Forward(x, true)), TestTolerances().loss * 10)
+        EXPECT_LE(RelativeError(ys[i], layers[i].Forward(x)), TestTolerances().loss * 10)
             << what << " " << when << ": member " << i;
       }
     };

@@ -30,22 +30,20 @@ engine::TokenExample Example(size_t length, size_t each = 0) {
 TEST(PlanStepGraph, NamesWhatKeepsStepsFromGraphs) {
   engine::TokenDataset data;
   for (size_t length : {8, 5, 40, 33}) data.examples.push_back(Example(length));
-  const engine::StepGraphPlan plain = engine::PlanStepGraph(data, false, 2);
+  const engine::StepGraphPlan plain = engine::PlanStepGraph(data, 2);
   EXPECT_EQ(plain.obstacle, "");  // examples of different lengths: a graph per width
   EXPECT_EQ(plain.longest, 40);
   EXPECT_EQ(plain.segments, 0);
 
   engine::TokenDataset both = data;
   both.examples.push_back(Example(8, 4));
-  EXPECT_NE(engine::PlanStepGraph(both, false, 2).obstacle.find("mixed"), std::string::npos);
-
-  EXPECT_NE(engine::PlanStepGraph(data, true, 2).obstacle.find("LoRA dropout"), std::string::npos);
+  EXPECT_NE(engine::PlanStepGraph(both, 2).obstacle.find("mixed"), std::string::npos);
 }
 
 TEST(PlanStepGraph, RoundsWidthsUpToFewShapes) {
   engine::TokenDataset data;
   for (size_t length : {8, 5, 40, 33, 17}) data.examples.push_back(Example(length));
-  const engine::StepGraphPlan plan = engine::PlanStepGraph(data, false, 2);
+  const engine::StepGraphPlan plan = engine::PlanStepGraph(data, 2);
   const auto& ex = data.examples;
   auto width = [&](std::vector<const engine::TokenExample*> rows) { return plan.ShapeOf(rows).width; };
   EXPECT_EQ(width({&ex[0], &ex[1]}), engine::kGraphWidthMultiple);  // 8 and 5 tokens: one multiple
@@ -57,7 +55,7 @@ TEST(PlanStepGraph, RoundsWidthsUpToFewShapes) {
   // Longer examples: a coarser multiple, so that there are at most 128 widths.
   engine::TokenDataset long_data;
   for (size_t length : {100, 2049, 8190}) long_data.examples.push_back(Example(length));
-  const engine::StepGraphPlan long_plan = engine::PlanStepGraph(long_data, false, 1);
+  const engine::StepGraphPlan long_plan = engine::PlanStepGraph(long_data, 1);
   EXPECT_EQ(long_plan.width_multiple, 4 * engine::kGraphWidthMultiple);  // 64 for 8,190 tokens
   EXPECT_EQ(long_plan.ShapeOf({&long_data.examples[0]}).width, 128);
   EXPECT_EQ(long_plan.ShapeOf({&long_data.examples[1]}).width, 2112);
@@ -68,7 +66,7 @@ TEST(PlanStepGraph, RoundsWidthsUpToFewShapes) {
   // row's padding, in each of 3 rows.
   engine::TokenDataset packed;
   packed.examples = {Example(20, 4), Example(19, 3), Example(20, 4)};
-  const engine::StepGraphPlan rows = engine::PlanStepGraph(packed, false, 3);
+  const engine::StepGraphPlan rows = engine::PlanStepGraph(packed, 3);
   EXPECT_EQ(rows.obstacle, "");
   const engine::BatchShape shape = rows.ShapeOf({&packed.examples[1]});
   EXPECT_EQ(shape.width, 20);  // 19 rounds to 32: capped at the longest row
@@ -134,10 +132,11 @@ std::string WriteTokens(const std::string& dir, Data data) {
   return path;
 }
 
-std::string GraphJob(const std::string& tokens, const std::string& out, bool graphs, bool checkpointing, Data data) {
+std::string GraphJob(const std::string& tokens, const std::string& out, bool graphs, bool checkpointing, Data data,
+                     const std::string& dropout) {
   const bool packed = data == Data::kPacked;
   return "model:\n  path: " + Fixture("llama/model") + "\n  dtype: " + TestDtype() +
-         "\nadapter:\n  r: 4\n  alpha: 8\n  dropout: 0.0\n  target_modules: all-linear\n"
+         "\nadapter:\n  r: 4\n  alpha: 8\n  dropout: " + dropout + "\n  target_modules: all-linear\n"
          "data:\n  train: " + tokens + "\n  format: tokens\n  cache: false\n  shuffle: " +
          (data == Data::kVariable ? "false\n  max_seq_len: 48\n" : packed ? "true\n  max_seq_len: 64\n  packing: true\n"
                                                                     : "true\n  max_seq_len: 24\n") +
@@ -162,17 +161,23 @@ bool HasMessage(const RecordingReporter& r, const std::string& text) {
   return false;
 }
 
-// `graph_runs` of the run's 14 micro-batches ran a graph, of `graphs`.
-void ExpectGraphTrainsAsEager(bool checkpointing, Data data, const std::string& graph_runs) {
+// `graph_runs` of the run's 14 micro-batches ran a graph, of `graphs`. With
+// LoRA dropout (`dropout`, as the YAML writes it) every replay must draw the
+// masks the kernel-by-kernel step draws. Returns the kernel-by-kernel losses.
+std::vector<double> ExpectGraphTrainsAsEager(bool checkpointing, Data data, const std::string& graph_runs,
+                                             const std::string& dropout = "0.0") {
   TempDir tmp;
   const std::string tokens = WriteTokens(tmp.path(), data);
   RecordingReporter eager, graphed;
-  const JobSpec eager_spec = SpecFromYaml(GraphJob(tokens, tmp / "eager", false, checkpointing, data), tmp.path());
-  const JobSpec graph_spec = SpecFromYaml(GraphJob(tokens, tmp / "graph", true, checkpointing, data), tmp.path());
+  const JobSpec eager_spec =
+      SpecFromYaml(GraphJob(tokens, tmp / "eager", false, checkpointing, data, dropout), tmp.path());
+  const JobSpec graph_spec =
+      SpecFromYaml(GraphJob(tokens, tmp / "graph", true, checkpointing, data, dropout), tmp.path());
   auto a = engine::RunJob(eager_spec, {}, eager);
-  ASSERT_TRUE(a.ok()) << a.status().message();
+  EXPECT_TRUE(a.ok()) << a.status().message();
   auto b = engine::RunJob(graph_spec, {}, graphed);
-  ASSERT_TRUE(b.ok()) << b.status().message();
+  EXPECT_TRUE(b.ok()) << b.status().message();
+  if (!a.ok() || !b.ok()) return {};
   // Where graphs run, they did; elsewhere the option changes nothing.
   EXPECT_EQ(Recorded(graphed), engine::StepGraph::Supported(TorchTestDevice()));
   EXPECT_FALSE(Recorded(eager));
@@ -182,8 +187,11 @@ void ExpectGraphTrainsAsEager(bool checkpointing, Data data, const std::string& 
     EXPECT_TRUE(HasMessage(graphed, "CUDA graphs ran " + graph_runs + ", one per micro-batch shape)"));
   }
 
-  ASSERT_EQ(eager.progress.size(), 7u);
-  ASSERT_EQ(graphed.progress.size(), 7u);
+  EXPECT_EQ(eager.progress.size(), 7u);
+  EXPECT_EQ(graphed.progress.size(), 7u);
+  if (eager.progress.size() != 7u || graphed.progress.size() != 7u) return {};
+  std::vector<double> losses;
+  for (const auto& p : eager.progress) losses.push_back(p.loss);
   const double tol = TestTolerances().loss;
   double spread = 0;
   for (size_t i = 0; i < eager.progress.size(); ++i) {
@@ -197,12 +205,16 @@ void ExpectGraphTrainsAsEager(bool checkpointing, Data data, const std::string& 
 
   auto x = engine::ReadSafetensors(tmp / "eager/adapter/adapter_model.safetensors");
   auto y = engine::ReadSafetensors(tmp / "graph/adapter/adapter_model.safetensors");
-  ASSERT_TRUE(x.ok() && y.ok());
-  ASSERT_EQ(x->size(), y->size());
+  EXPECT_TRUE(x.ok() && y.ok());
+  if (!x.ok() || !y.ok()) return losses;
+  EXPECT_EQ(x->size(), y->size());
   for (const auto& [name, t] : *x) {
-    ASSERT_TRUE(y->count(name)) << name;
-    EXPECT_LE(RelativeError(y->at(name), t), TestTolerances().logits) << name;
+    EXPECT_TRUE(y->count(name)) << name;
+    if (y->count(name)) {
+      EXPECT_LE(RelativeError(y->at(name), t), TestTolerances().logits) << name;
+    }
   }
+  return losses;
 }
 
 // Steps 1-2 run kernel by kernel (4 micro-batches); the third step's first
@@ -221,6 +233,25 @@ TEST(StepGraph, TrainsAsTheKernelByKernelStepWithCheckpointing) {
 // longest row only.
 TEST(StepGraph, TrainsAsTheKernelByKernelStepOnExamplesOfSeveralLengths) {
   ExpectGraphTrainsAsEager(false, Data::kVariable, "9 of this run's 14 micro-batches (3 graphs");
+}
+
+// LoRA dropout: each replay draws new masks from the generator's graph-safe
+// state, the ones the kernel-by-kernel step draws, so the steps agree; and
+// the masks applied (the losses are not those without dropout). With
+// checkpointing, the recomputed layers make the same masks inside the graph.
+TEST(StepGraph, TrainsAsTheKernelByKernelStepWithLoraDropout) {
+  const std::vector<double> plain = ExpectGraphTrainsAsEager(false, Data::kUnpacked, kOneShape);
+  const std::vector<double> dropped = ExpectGraphTrainsAsEager(false, Data::kUnpacked, kOneShape, "0.3");
+  const std::vector<double> recomputed = ExpectGraphTrainsAsEager(true, Data::kUnpacked, kOneShape, "0.3");
+  ASSERT_EQ(plain.size(), 7u);
+  ASSERT_EQ(dropped.size(), 7u);
+  ASSERT_EQ(recomputed.size(), 7u);
+  // Step 1's loss is the base model's (B starts at zero); later ones differ,
+  // by more than rounding (measured at step 7: 1.4% in bfloat16 on CUDA).
+  EXPECT_GT(std::abs(dropped[6] - plain[6]), 0.005 * std::abs(plain[6]));
+  for (size_t i = 0; i < 7; ++i) {
+    EXPECT_LE(std::abs(recomputed[i] - dropped[i]), TestTolerances().loss * std::abs(dropped[i])) << "step " << i + 1;
+  }
 }
 
 // Packed rows: the graph's batches carry padded segments (empty ones at the

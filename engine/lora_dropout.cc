@@ -1,0 +1,165 @@
+#include "engine/lora_dropout.h"
+
+#include <mutex>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Parallel.h>
+
+#include "engine/kernels/philox.h"
+
+#ifdef TRAINERD_WITH_CUDA_KERNELS
+#include <ATen/cuda/CUDAGeneratorImpl.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+namespace trainerd::engine {
+
+namespace {
+
+float Scale(double p) { return static_cast<float>(1.0 / (1.0 - p)); }
+
+#ifdef TRAINERD_WITH_CUDA_KERNELS
+// Where the kernel applies: a CUDA matrix of a kernel dtype with unit column stride.
+bool OnKernel(const torch::Tensor& t) {
+  return t.is_cuda() && t.dim() == 2 && (t.size(1) <= 1 || t.stride(1) == 1) &&
+         (t.scalar_type() == torch::kFloat32 || t.scalar_type() == torch::kBFloat16 ||
+          t.scalar_type() == torch::kFloat16);
+}
+
+kernels::DType KernelDTypeOf(const torch::Tensor& t) {
+  if (t.scalar_type() == torch::kBFloat16) return kernels::DType::kBFloat16;
+  if (t.scalar_type() == torch::kFloat16) return kernels::DType::kFloat16;
+  return kernels::DType::kFloat32;
+}
+
+int64_t RowStrideOf(const torch::Tensor& t) { return t.size(0) > 1 ? t.stride(0) : t.size(1); }
+
+// y = dropped x (accumulate: y += dropped x) on the kernel, with `scale`.
+void LaunchDropout(const torch::Tensor& x, torch::Tensor& y, const LoraDropoutMask& m, float scale, bool accumulate) {
+  const c10::cuda::CUDAGuard guard(x.device());
+  const std::string error = kernels::DropoutRows(
+      x.data_ptr(), RowStrideOf(x), y.data_ptr(), RowStrideOf(y), x.size(0), x.size(1), m.draw->philox,
+      static_cast<uint64_t>(m.mask), kernels::DropoutThreshold(m.p), scale, accumulate, KernelDTypeOf(x),
+      c10::cuda::getCurrentCUDAStream(x.device().index()).stream());
+  TORCH_CHECK(error.empty(), "LoRA dropout kernel: ", error);
+}
+#endif
+
+// The mask on the host, as float32 0/1: the same bits as the kernel's (a
+// device without the kernels, the CPU).
+torch::Tensor HostKeepMask(const LoraDropoutMask& m, int64_t rows, int64_t cols) {
+  TORCH_CHECK(m.draw->philox.seed_ptr == nullptr, "LoRA dropout: a draw recorded in a CUDA graph has no host mask");
+  torch::Tensor mask = torch::empty({rows, cols}, torch::kFloat32);
+  float* out = mask.data_ptr<float>();
+  const int64_t total = rows * cols;
+  const uint64_t seed = m.draw->philox.seed;
+  const uint64_t number = m.draw->philox.offset + static_cast<uint64_t>(m.mask);
+  const uint32_t drop_below = kernels::DropoutThreshold(m.p);
+  at::parallel_for(0, (total + 3) / 4, 4096, [&](int64_t begin, int64_t end) {
+    for (int64_t q = begin; q < end; ++q) {
+      const kernels::Philox4 words = kernels::DropoutWords(seed, number, static_cast<uint64_t>(q));
+      for (int64_t j = 0; j < 4 && 4 * q + j < total; ++j) {
+        out[4 * q + j] = kernels::DropoutKeeps(words.v[j], drop_below) ? 1.f : 0.f;
+      }
+    }
+  });
+  return mask;
+}
+
+}  // namespace
+
+DropoutDraw NewDropoutDraw(const torch::Device& device, int64_t masks) {
+  TORCH_CHECK(masks > 0, "NewDropoutDraw: ", masks, " masks");
+  DropoutDraw draw;
+  draw.masks = masks;
+#ifdef TRAINERD_WITH_CUDA_KERNELS
+  if (device.is_cuda()) {
+    at::Generator gen = at::cuda::detail::getDefaultCUDAGenerator(device.index());
+    const std::lock_guard<std::mutex> lock(gen.mutex());
+    // The offset advances by the masks (rounded up to 4, as the generator
+    // requires): no two draws share a mask number.
+    const at::PhiloxCudaState state =
+        at::check_generator<at::CUDAGeneratorImpl>(gen)->philox_cuda_state(static_cast<uint64_t>((masks + 3) / 4 * 4));
+    if (state.captured_) {
+      draw.philox.seed_ptr = state.seed_.ptr;
+      draw.philox.offset_ptr = state.offset_.ptr;
+      draw.philox.offset_intragraph = state.offset_intragraph_;
+    } else {
+      draw.philox.seed = state.seed_.val;
+      draw.philox.offset = state.offset_.val;
+    }
+    return draw;
+  }
+#else
+  (void)device;
+#endif
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  const std::lock_guard<std::mutex> lock(gen.mutex());
+  draw.philox.seed = at::check_generator<at::CPUGeneratorImpl>(gen)->random64();
+  return draw;
+}
+
+std::vector<int64_t> DropoutDrawToInts(const DropoutDraw& d) {
+  return {static_cast<int64_t>(d.philox.seed),
+          static_cast<int64_t>(d.philox.offset),
+          static_cast<int64_t>(reinterpret_cast<intptr_t>(d.philox.seed_ptr)),
+          static_cast<int64_t>(reinterpret_cast<intptr_t>(d.philox.offset_ptr)),
+          static_cast<int64_t>(d.philox.offset_intragraph),
+          d.masks};
+}
+
+DropoutDraw DropoutDrawFromInts(const std::vector<int64_t>& v) {
+  TORCH_CHECK(v.size() == 6, "DropoutDrawFromInts: ", v.size(), " integers");
+  DropoutDraw d;
+  d.philox.seed = static_cast<uint64_t>(v[0]);
+  d.philox.offset = static_cast<uint64_t>(v[1]);
+  d.philox.seed_ptr = reinterpret_cast<const int64_t*>(static_cast<intptr_t>(v[2]));
+  d.philox.offset_ptr = reinterpret_cast<const int64_t*>(static_cast<intptr_t>(v[3]));
+  d.philox.offset_intragraph = static_cast<uint64_t>(v[4]);
+  d.masks = v[5];
+  return d;
+}
+
+torch::Tensor DropoutKeepMask(const LoraDropoutMask& m, int64_t rows, int64_t cols,
+                              const torch::TensorOptions& options) {
+  TORCH_CHECK(m.active(), "DropoutKeepMask: no dropout draw");
+#ifdef TRAINERD_WITH_CUDA_KERNELS
+  if (options.device().is_cuda()) {
+    const torch::Tensor ones = torch::ones({rows, cols}, options);
+    torch::Tensor mask = torch::empty({rows, cols}, options);
+    if (OnKernel(ones)) {
+      LaunchDropout(ones, mask, m, 1.f, /*accumulate=*/false);
+      return mask;
+    }
+  }
+#endif
+  return HostKeepMask(m, rows, cols).to(options);
+}
+
+torch::Tensor DropoutRows(const torch::Tensor& x, const LoraDropoutMask& m) {
+  TORCH_CHECK(m.active() && x.dim() == 2, "DropoutRows: a matrix and a dropout draw");
+#ifdef TRAINERD_WITH_CUDA_KERNELS
+  if (OnKernel(x)) {
+    torch::Tensor y = torch::empty(x.sizes(), x.options());
+    LaunchDropout(x, y, m, Scale(m.p), /*accumulate=*/false);
+    return y;
+  }
+#endif
+  return x * DropoutKeepMask(m, x.size(0), x.size(1), x.options()) * Scale(m.p);
+}
+
+void AddDropoutRows(torch::Tensor& acc, const torch::Tensor& v, const LoraDropoutMask& m) {
+  TORCH_CHECK(m.active() && v.dim() == 2 && acc.sizes() == v.sizes() && acc.scalar_type() == v.scalar_type(),
+              "AddDropoutRows: matrices of one shape and dtype and a dropout draw");
+#ifdef TRAINERD_WITH_CUDA_KERNELS
+  if (OnKernel(v) && OnKernel(acc)) {
+    LaunchDropout(v, acc, m, Scale(m.p), /*accumulate=*/true);
+    torch::autograd::impl::bump_version(acc);
+    return;
+  }
+#endif
+  acc.add_(v * DropoutKeepMask(m, v.size(0), v.size(1), v.options()) * Scale(m.p));
+}
+
+}  // namespace trainerd::engine
