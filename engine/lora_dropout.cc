@@ -56,11 +56,11 @@ torch::Tensor HostKeepMask(const LoraDropoutMask& m, int64_t rows, int64_t cols)
   const uint64_t seed = m.draw->philox.seed;
   const uint64_t number = m.draw->philox.offset + static_cast<uint64_t>(m.mask);
   const uint32_t drop_below = kernels::DropoutThreshold(m.p);
-  at::parallel_for(0, (total + 3) / 4, 4096, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, (total + 7) / 8, 4096, [&](int64_t begin, int64_t end) {
     for (int64_t q = begin; q < end; ++q) {
       const kernels::Philox4 words = kernels::DropoutWords(seed, number, static_cast<uint64_t>(q));
-      for (int64_t j = 0; j < 4 && 4 * q + j < total; ++j) {
-        out[4 * q + j] = kernels::DropoutKeeps(words.v[j], drop_below) ? 1.f : 0.f;
+      for (int j = 0; j < 8 && 8 * q + j < total; ++j) {
+        out[8 * q + j] = kernels::DropoutKeeps(kernels::DropoutDraw16(words, j), drop_below) ? 1.f : 0.f;
       }
     }
   });

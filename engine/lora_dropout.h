@@ -1,7 +1,7 @@
 // LoRA dropout (PEFT's lora_dropout: y = W x + s B A dropout(x), every module
 // with a mask of its own) whose masks are functions of one draw of the
 // generator per forward pass: mask m of a draw is Philox of (seed, offset + m,
-// element) (engine/kernels/philox.h), made wherever it is needed and never
+// element / 8), 16 bits an element (engine/kernels/philox.h), made wherever it is needed and never
 // stored. So a backward makes a module's mask again instead of keeping it,
 // activation checkpointing's second forward draws the same masks by being
 // given the same draw, and a CUDA graph of a step replays with new masks each

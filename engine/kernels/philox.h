@@ -41,25 +41,32 @@ TRAINERD_HOST_DEVICE Philox4 Philox4x32_10(Philox4 c, uint64_t key) {
   return c;
 }
 
-// The four words that decide elements 4q .. 4q + 3 of dropout mask number
-// `mask` under `seed`: counter (q, mask).
+// The four words whose 16-bit halves decide elements 8q .. 8q + 7 of dropout
+// mask number `mask` under `seed`: counter (q, mask).
 TRAINERD_HOST_DEVICE Philox4 DropoutWords(uint64_t seed, uint64_t mask, uint64_t q) {
   return Philox4x32_10(Philox4{{static_cast<uint32_t>(q), static_cast<uint32_t>(q >> 32),
                                 static_cast<uint32_t>(mask), static_cast<uint32_t>(mask >> 32)}},
                        seed);
 }
 
-// Element e (row-major index in the masked matrix) is kept when its word,
-// DropoutWords(seed, mask, e / 4).v[e % 4], is at least `drop_below`:
-// dropped with probability drop_below / 2^32.
-TRAINERD_HOST_DEVICE bool DropoutKeeps(uint32_t word, uint32_t drop_below) { return word >= drop_below; }
+// Element e (row-major index in the masked matrix) draws the 16-bit half
+// (low for even e) of word (e % 8) / 2 of DropoutWords(seed, mask, e / 8):
+// j = e % 8 here. Two elements a word halves the Philox work, which bounds
+// the kernel's speed; p then moves in steps of 2^-16.
+TRAINERD_HOST_DEVICE uint32_t DropoutDraw16(const Philox4& words, int j) {
+  return (words.v[j >> 1] >> ((j & 1) * 16)) & 0xFFFFu;
+}
 
-// drop_below for dropout probability p in [0, 1): round(p * 2^32), capped
-// below 2^32 (p never drops everything).
+// An element is kept when its draw is at least `drop_below`: dropped with
+// probability drop_below / 2^16.
+TRAINERD_HOST_DEVICE bool DropoutKeeps(uint32_t draw16, uint32_t drop_below) { return draw16 >= drop_below; }
+
+// drop_below for dropout probability p in [0, 1): round(p * 2^16), capped
+// below 2^16 (p never drops everything).
 inline uint32_t DropoutThreshold(double p) {
-  const double scaled = p * 4294967296.0 + 0.5;
+  const double scaled = p * 65536.0 + 0.5;
   if (!(scaled > 0)) return 0;
-  if (scaled >= 4294967295.0) return 0xFFFFFFFFu;
+  if (scaled >= 65535.0) return 0xFFFFu;
   return static_cast<uint32_t>(scaled);
 }
 

@@ -28,13 +28,20 @@ TEST(Philox, IsLibTorchsPhiloxEngine) {
   }
 }
 
+// Each element draws 16 bits: p in steps of 2^-16, two elements a word.
 TEST(Philox, ThresholdsAreTheProbability) {
   EXPECT_EQ(kernels::DropoutThreshold(0.0), 0u);
-  EXPECT_EQ(kernels::DropoutThreshold(0.5), 0x80000000u);
-  EXPECT_EQ(kernels::DropoutThreshold(0.25), 0x40000000u);
-  EXPECT_EQ(kernels::DropoutThreshold(1.0), 0xFFFFFFFFu);
-  EXPECT_TRUE(kernels::DropoutKeeps(0x80000000u, 0x80000000u));
-  EXPECT_FALSE(kernels::DropoutKeeps(0x7FFFFFFFu, 0x80000000u));
+  EXPECT_EQ(kernels::DropoutThreshold(0.5), 0x8000u);
+  EXPECT_EQ(kernels::DropoutThreshold(0.25), 0x4000u);
+  EXPECT_EQ(kernels::DropoutThreshold(0.05), 3277u);  // 0.050003
+  EXPECT_EQ(kernels::DropoutThreshold(1.0), 0xFFFFu);
+  EXPECT_TRUE(kernels::DropoutKeeps(0x8000u, 0x8000u));
+  EXPECT_FALSE(kernels::DropoutKeeps(0x7FFFu, 0x8000u));
+  const kernels::Philox4 words{{0x11112222u, 0x33334444u, 0x55556666u, 0x77778888u}};
+  EXPECT_EQ(kernels::DropoutDraw16(words, 0), 0x2222u);
+  EXPECT_EQ(kernels::DropoutDraw16(words, 1), 0x1111u);
+  EXPECT_EQ(kernels::DropoutDraw16(words, 6), 0x8888u);
+  EXPECT_EQ(kernels::DropoutDraw16(words, 7), 0x7777u);
 }
 
 // A draw with a fixed seed and offset, as the CUDA generator would give it.
@@ -49,7 +56,7 @@ engine::DropoutDraw FixedDraw(uint64_t seed, uint64_t offset, int64_t masks) {
 TEST(LoraDropout, MasksKeepOneMinusPAndDifferByNumber) {
   const engine::DropoutDraw draw = FixedDraw(1234, 8, 4);
   const auto opts = torch::TensorOptions().dtype(TorchTestDtype()).device(TorchTestDevice());
-  const int64_t rows = 1000, cols = 1003;  // not a multiple of 4: groups of four span rows
+  const int64_t rows = 1000, cols = 1003;  // not a multiple of 8: groups of eight span rows
   const double n = double(rows * cols);
   for (double p : {0.1, 0.5}) {
     const torch::Tensor m0 = engine::DropoutKeepMask({&draw, 0, p}, rows, cols, opts).to(torch::kFloat64).cpu();
@@ -99,14 +106,17 @@ TEST(LoraDropout, DroppedRowsAreTheMaskTimesTheScale) {
     const torch::Tensor want = x * engine::DropoutKeepMask(m, rows, cols, opts) * (1.0 / (1.0 - 0.3));
     EXPECT_TRUE(torch::equal(engine::DropoutRows(x, m), want)) << rows << "x" << cols;
     EXPECT_TRUE(torch::equal(engine::DropoutRows(x.contiguous(), m), want));
-    // Added into a strided accumulator, in place: acc + dropped, as LibTorch adds.
-    torch::Tensor acc_rows = torch::randn({rows, cols + 4}, opts);
-    torch::Tensor acc = acc_rows.narrow(1, 0, cols);
-    const torch::Tensor expected = acc + want;
-    const torch::Tensor right = acc_rows.narrow(1, cols, 4).clone();
-    engine::AddDropoutRows(acc, x, m);
-    EXPECT_TRUE(torch::equal(acc, expected));
-    EXPECT_TRUE(torch::equal(acc_rows.narrow(1, cols, 4), right)) << "columns beyond the matrix were written";
+    // Added into a strided accumulator, in place: acc + dropped, as LibTorch
+    // adds (rows 4 and 8 elements wider: the kernel's scalar and vector paths).
+    for (int64_t extra : {4, 8}) {
+      torch::Tensor acc_rows = torch::randn({rows, cols + extra}, opts);
+      torch::Tensor acc = acc_rows.narrow(1, 0, cols);
+      const torch::Tensor expected = acc + want;
+      const torch::Tensor right = acc_rows.narrow(1, cols, extra).clone();
+      engine::AddDropoutRows(acc, x, m);
+      EXPECT_TRUE(torch::equal(acc, expected)) << rows << "x" << cols << " in rows of " << cols + extra;
+      EXPECT_TRUE(torch::equal(acc_rows.narrow(1, cols, extra), right)) << "columns beyond the matrix were written";
+    }
   }
 }
 
