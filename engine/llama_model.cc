@@ -263,12 +263,13 @@ torch::Tensor LlamaModel::Attention(const DecoderLayer& layer, const torch::Tens
                                     const LayerInputs& in, const DropoutMasks& layer_masks) const {
   const int64_t b = x.size(0), t = x.size(1), d = config_.head_dim;
   const int64_t nh = config_.num_attention_heads, nkv = config_.num_key_value_heads;
-  std::vector<torch::Tensor> qkv = ForwardGroup(layer.QkvGroup(), x, x_recipe, layer_masks);  // modules 0-2
+  std::vector<torch::Tensor> qkv =
+      ForwardGroup(layer.QkvGroup(), x, x_recipe, {layer_masks.draw, layer_masks.first + DecoderLayer::kQkvFirst});
   // v gets its own copy below (16 MB at 8B's 4x2048): attention keeps v for
   // its backward, and a view of the widened group's product would keep all of
   // q|k|v alive; q and k are rotated into new tensors anyway.
   auto o_proj = [&](const torch::Tensor& o) {
-    return ForwardGroup(layer.OGroup(), o, {}, {layer_masks.draw, layer_masks.first + 3})[0];
+    return ForwardGroup(layer.OGroup(), o, {}, {layer_masks.draw, layer_masks.first + DecoderLayer::kOFirst})[0];
   };
   if (in.segments.defined()) {
     torch::Tensor q = qkv[0].view({b * t, nh, d});
@@ -331,7 +332,7 @@ LlamaModel::Residual LlamaModel::LayerForward(size_t index, const Residual& h, c
                                    &normed.norm_rstd);
   normed.norm_input = r;
   const std::vector<torch::Tensor> gate_up =
-      ForwardGroup(layer.GateUpGroup(), x, normed, {masks.draw, masks.first + 4});  // modules 4-5
+      ForwardGroup(layer.GateUpGroup(), x, normed, {masks.draw, masks.first + DecoderLayer::kGateUpFirst});
   const torch::Tensor act = FusedSwiGlu(gate_up[0], gate_up[1], layer.down.spare_columns());
   // With checkpointing on (memory first), a layer that keeps its activations
   // does not keep the SwiGLU output either: down makes it again in its
@@ -341,7 +342,7 @@ LlamaModel::Residual LlamaModel::LayerForward(size_t index, const Residual& h, c
     activated.gate = gate_up[0];
     activated.up = gate_up[1];
   }
-  return {r, ForwardGroup(layer.DownGroup(), act, activated, {masks.draw, masks.first + 6})[0]};
+  return {r, ForwardGroup(layer.DownGroup(), act, activated, {masks.draw, masks.first + DecoderLayer::kDownFirst})[0]};
 }
 
 void LlamaModel::WidenLinearGroups() {

@@ -60,6 +60,8 @@ struct DecoderLayer {
   // All seven, in the checkpoint's order (q_proj ... down_proj): module j of
   // layer i draws LoRA dropout mask kModules * i + j (engine/lora_dropout.h).
   static constexpr int64_t kModules = 7;
+  // Each group's first module in that order (the groups' members follow it).
+  static constexpr int64_t kQkvFirst = 0, kOFirst = 3, kGateUpFirst = 4, kDownFirst = 6;
   std::array<const Linear*, kModules> Modules() const {
     return {&q_proj, &k_proj, &v_proj, &o_proj, &gate_proj, &up_proj, &down_proj};
   }

@@ -78,6 +78,26 @@ TEST(LoraInit, FollowsPeftDefaults) {
   EXPECT_DOUBLE_EQ(s.scaling(), 16.0 / std::sqrt(8.0));
 }
 
+// The groups' first-module numbers (LoRA dropout's mask numbers within a
+// layer) are where each group's members stand in Modules()' order.
+TEST(DecoderLayer, GroupsStartWhereTheirModulesStand) {
+  const engine::DecoderLayer layer;
+  const auto modules = layer.Modules();
+  const std::pair<engine::GroupMembers, int64_t> groups[] = {
+      {layer.QkvGroup(), engine::DecoderLayer::kQkvFirst},
+      {layer.OGroup(), engine::DecoderLayer::kOFirst},
+      {layer.GateUpGroup(), engine::DecoderLayer::kGateUpFirst},
+      {layer.DownGroup(), engine::DecoderLayer::kDownFirst}};
+  size_t covered = 0;
+  for (const auto& [group, first] : groups) {
+    for (size_t i = 0; i < group.members.size(); ++i) {
+      EXPECT_EQ(group.members[i], modules[static_cast<size_t>(first) + i]) << "module " << first + int64_t(i);
+    }
+    covered += group.members.size();
+  }
+  EXPECT_EQ(covered, modules.size());
+}
+
 TEST(TotalSteps, FromEpochsOrMaxSteps) {
   JobSpec::Training t;
   t.micro_batch_size = 4;
