@@ -556,4 +556,24 @@ torch::Tensor FusedSoftmaxCrossEntropyRows(torch::Tensor& logits, const torch::T
   return PlainSoftmaxCrossEntropyRows(logits, targets, ignore_index, write_grad);
 }
 
+bool DropoutRowsOnKernel(const torch::Tensor& x, torch::Tensor& y, const kernels::PhiloxState& philox,
+                         uint64_t mask, uint32_t drop_below, float scale, bool accumulate) {
+#ifdef TRAINERD_WITH_CUDA_KERNELS
+  auto fits = [&](const torch::Tensor& t) {
+    return KernelTensor(t) && t.dim() == 2 && t.sizes() == x.sizes() && t.scalar_type() == x.scalar_type() &&
+           t.device() == x.device() && (t.size(1) <= 1 || t.stride(1) == 1);
+  };
+  if (!fits(x) || !fits(y)) return false;
+  const c10::cuda::CUDAGuard guard(x.device());
+  Check(kernels::DropoutRows(x.data_ptr(), RowStride(x), y.data_ptr(), RowStride(y), x.size(0), x.size(1), philox,
+                             mask, drop_below, scale, accumulate, DTypeOf(x), StreamOf(x)));
+  // Written through a raw pointer: tell autograd, as an in-place op would.
+  torch::autograd::impl::bump_version(y);
+  return true;
+#else
+  (void)x, (void)y, (void)philox, (void)mask, (void)drop_below, (void)scale, (void)accumulate;
+  return false;
+#endif
+}
+
 }  // namespace trainerd::engine

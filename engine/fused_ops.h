@@ -21,6 +21,8 @@
 
 #include <torch/torch.h>
 
+#include "engine/kernels/fused_kernels.h"
+
 namespace trainerd::engine {
 
 // RMSNorm as transformers' LlamaRMSNorm: normalise in float32, round to the
@@ -130,6 +132,14 @@ torch::Tensor FusedSoftmaxCrossEntropyRows(torch::Tensor& logits, const torch::T
                                            bool write_grad);
 torch::Tensor PlainSoftmaxCrossEntropyRows(torch::Tensor& logits, const torch::Tensor& targets, int64_t ignore_index,
                                            bool write_grad);
+
+// LoRA dropout's kernel (kernels::DropoutRows: mask number philox.offset + mask
+// of x, scaled, into or onto y) on x (rows, cols) and y of x's shape and dtype
+// (y may be x). Returns false, having done nothing, where the kernel does not
+// apply: not a CUDA matrix of a kernel dtype with unit column stride, or a
+// build without the kernels. Not an autograd op (engine/lora_dropout.h).
+bool DropoutRowsOnKernel(const torch::Tensor& x, torch::Tensor& y, const kernels::PhiloxState& philox,
+                         uint64_t mask, uint32_t drop_below, float scale, bool accumulate);
 
 // Whether this build has the CUDA kernels (TRAINERD_WITH_CUDA_KERNELS).
 bool FusedKernelsBuilt();

@@ -19,11 +19,9 @@ torch::Tensor Linear::Forward(const torch::Tensor& x, const DropoutMasks& dropou
     // PEFT casts to float32. In float32 models this is PEFT's arithmetic.
     // In place: autograd keeps x2 and the weights for the products, not y.
     const torch::Tensor a = lora->a.to(x.scalar_type()), b = lora->b.to(x.scalar_type());
-    // Dropout as x * mask * (1 / (1 - p)), the mask made from the pass's draw:
-    // autograd's backward multiplies by the same mask.
+    // Dropout with the mask made from the pass's draw.
     const LoraDropoutMask mask = dropout.Of(0, lora->dropout);
-    const torch::Tensor h =
-        mask.active() ? x2 * DropoutKeepMask(mask, x2.size(0), in, x2.options()) * (1.0 / (1.0 - lora->dropout)) : x2;
+    const torch::Tensor h = mask.active() ? PlainDropoutRows(x2, mask) : x2;
     y.addmm_(torch::mm(h, a.t()), b.t(), /*beta=*/1, /*alpha=*/lora->scaling);
   }
   return y.view(out_shape);

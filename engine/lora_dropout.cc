@@ -5,12 +5,11 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
 
+#include "engine/fused_ops.h"
 #include "engine/kernels/philox.h"
 
 #ifdef TRAINERD_WITH_CUDA_KERNELS
 #include <ATen/cuda/CUDAGeneratorImpl.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
 #endif
 
 namespace trainerd::engine {
@@ -19,32 +18,11 @@ namespace {
 
 float Scale(double p) { return static_cast<float>(1.0 / (1.0 - p)); }
 
-#ifdef TRAINERD_WITH_CUDA_KERNELS
-// Where the kernel applies: a CUDA matrix of a kernel dtype with unit column stride.
-bool OnKernel(const torch::Tensor& t) {
-  return t.is_cuda() && t.dim() == 2 && (t.size(1) <= 1 || t.stride(1) == 1) &&
-         (t.scalar_type() == torch::kFloat32 || t.scalar_type() == torch::kBFloat16 ||
-          t.scalar_type() == torch::kFloat16);
+// Mask m of x, scaled, into (or onto) y on the kernel; false where it does not apply.
+bool OnKernel(const torch::Tensor& x, torch::Tensor& y, const LoraDropoutMask& m, float scale, bool accumulate) {
+  return DropoutRowsOnKernel(x, y, m.draw->philox, static_cast<uint64_t>(m.mask), kernels::DropoutThreshold(m.p),
+                             scale, accumulate);
 }
-
-kernels::DType KernelDTypeOf(const torch::Tensor& t) {
-  if (t.scalar_type() == torch::kBFloat16) return kernels::DType::kBFloat16;
-  if (t.scalar_type() == torch::kFloat16) return kernels::DType::kFloat16;
-  return kernels::DType::kFloat32;
-}
-
-int64_t RowStrideOf(const torch::Tensor& t) { return t.size(0) > 1 ? t.stride(0) : t.size(1); }
-
-// y = dropped x (accumulate: y += dropped x) on the kernel, with `scale`.
-void LaunchDropout(const torch::Tensor& x, torch::Tensor& y, const LoraDropoutMask& m, float scale, bool accumulate) {
-  const c10::cuda::CUDAGuard guard(x.device());
-  const std::string error = kernels::DropoutRows(
-      x.data_ptr(), RowStrideOf(x), y.data_ptr(), RowStrideOf(y), x.size(0), x.size(1), m.draw->philox,
-      static_cast<uint64_t>(m.mask), kernels::DropoutThreshold(m.p), scale, accumulate, KernelDTypeOf(x),
-      c10::cuda::getCurrentCUDAStream(x.device().index()).stream());
-  TORCH_CHECK(error.empty(), "LoRA dropout kernel: ", error);
-}
-#endif
 
 // The mask on the host, as float32 0/1: the same bits as the kernel's (a
 // device without the kernels, the CPU).
@@ -124,42 +102,33 @@ DropoutDraw DropoutDrawFromInts(const std::vector<int64_t>& v) {
 torch::Tensor DropoutKeepMask(const LoraDropoutMask& m, int64_t rows, int64_t cols,
                               const torch::TensorOptions& options) {
   TORCH_CHECK(m.active(), "DropoutKeepMask: no dropout draw");
-#ifdef TRAINERD_WITH_CUDA_KERNELS
-  if (options.device().is_cuda()) {
+  if (options.device().is_cuda() && FusedKernelsBuilt()) {
     const torch::Tensor ones = torch::ones({rows, cols}, options);
     torch::Tensor mask = torch::empty({rows, cols}, options);
-    if (OnKernel(ones)) {
-      LaunchDropout(ones, mask, m, 1.f, /*accumulate=*/false);
-      return mask;
-    }
+    if (OnKernel(ones, mask, m, 1.f, /*accumulate=*/false)) return mask;
   }
-#endif
   return HostKeepMask(m, rows, cols).to(options);
+}
+
+torch::Tensor PlainDropoutRows(const torch::Tensor& x, const LoraDropoutMask& m) {
+  TORCH_CHECK(m.active() && x.dim() == 2, "PlainDropoutRows: a matrix and a dropout draw");
+  return x * DropoutKeepMask(m, x.size(0), x.size(1), x.options()) * Scale(m.p);
 }
 
 torch::Tensor DropoutRows(const torch::Tensor& x, const LoraDropoutMask& m) {
   TORCH_CHECK(m.active() && x.dim() == 2, "DropoutRows: a matrix and a dropout draw");
-#ifdef TRAINERD_WITH_CUDA_KERNELS
-  if (OnKernel(x)) {
+  if (x.is_cuda()) {
     torch::Tensor y = torch::empty(x.sizes(), x.options());
-    LaunchDropout(x, y, m, Scale(m.p), /*accumulate=*/false);
-    return y;
+    if (OnKernel(x, y, m, Scale(m.p), /*accumulate=*/false)) return y;
   }
-#endif
-  return x * DropoutKeepMask(m, x.size(0), x.size(1), x.options()) * Scale(m.p);
+  return PlainDropoutRows(x, m);
 }
 
 void AddDropoutRows(torch::Tensor& acc, const torch::Tensor& v, const LoraDropoutMask& m) {
   TORCH_CHECK(m.active() && v.dim() == 2 && acc.sizes() == v.sizes() && acc.scalar_type() == v.scalar_type(),
               "AddDropoutRows: matrices of one shape and dtype and a dropout draw");
-#ifdef TRAINERD_WITH_CUDA_KERNELS
-  if (OnKernel(v) && OnKernel(acc)) {
-    LaunchDropout(v, acc, m, Scale(m.p), /*accumulate=*/true);
-    torch::autograd::impl::bump_version(acc);
-    return;
-  }
-#endif
-  acc.add_(v * DropoutKeepMask(m, v.size(0), v.size(1), v.options()) * Scale(m.p));
+  if (OnKernel(v, acc, m, Scale(m.p), /*accumulate=*/true)) return;
+  acc.add_(PlainDropoutRows(v, m));
 }
 
 }  // namespace trainerd::engine

@@ -61,8 +61,14 @@ struct DropoutMasks {
 torch::Tensor DropoutKeepMask(const LoraDropoutMask& m, int64_t rows, int64_t cols,
                               const torch::TensorOptions& options);
 
-// x (rows, cols) dropped by mask m: T(x * scale) where kept, 0 where dropped,
-// scale = 1 / (1 - p) (LibTorch's x * mask * scale, bit for bit). A new dense
+// x (rows, cols) dropped by mask m as LibTorch ops, x * mask * scale with
+// scale = 1 / (1 - p), differentiated by autograd (the backward multiplies by
+// the same mask): the plain path's dropout (Linear::Forward) and what the
+// kernel computes.
+torch::Tensor PlainDropoutRows(const torch::Tensor& x, const LoraDropoutMask& m);
+
+// x (rows, cols) dropped by mask m: T(x * scale) where kept, 0 where dropped
+// (PlainDropoutRows, bit for bit; on the kernel where it applies). A new dense
 // tensor; not differentiated (for nodes that write their own backward).
 torch::Tensor DropoutRows(const torch::Tensor& x, const LoraDropoutMask& m);
 
