@@ -1,5 +1,6 @@
 #include "engine/trainer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -81,10 +82,7 @@ EvalResult Evaluate(LlamaModel& model, const TokenDataset& data, int64_t batch_s
   model.set_training(false);
   torch::Tensor sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat32).device(model.device()));
   EvalResult result;
-  const auto& examples = data.examples;
-  for (size_t start = 0; start < examples.size(); start += batch_size) {
-    std::vector<const TokenExample*> chunk;
-    for (size_t i = start; i < std::min(examples.size(), start + batch_size); ++i) chunk.push_back(&examples[i]);
+  for (const std::vector<const TokenExample*>& chunk : EvaluationBatches(data, batch_size)) {
     Batch batch = MakeBatch(chunk, model.device());
     sum.add_(CausalLmLossSum(model, batch));  // read once at the end: no sync per batch
     result.tokens += batch.target_tokens;
@@ -92,6 +90,23 @@ EvalResult Evaluate(LlamaModel& model, const TokenDataset& data, int64_t batch_s
   model.set_training(was_training);
   result.loss = result.tokens > 0 ? sum.item<double>() / static_cast<double>(result.tokens) : 0.0;
   return result;
+}
+
+std::vector<std::vector<const TokenExample*>> EvaluationBatches(const TokenDataset& data, int64_t batch_size) {
+  TORCH_CHECK(batch_size > 0, "EvaluationBatches: batch_size must be positive, got ", batch_size);
+  std::vector<const TokenExample*> order;
+  order.reserve(data.examples.size());
+  for (const TokenExample& e : data.examples) order.push_back(&e);
+  std::stable_sort(order.begin(), order.end(), [](const TokenExample* a, const TokenExample* b) {
+    return a->input_ids.size() > b->input_ids.size();
+  });
+  std::vector<std::vector<const TokenExample*>> batches;
+  for (size_t start = 0; start < order.size(); start += static_cast<size_t>(batch_size)) {
+    const size_t end = std::min(order.size(), start + static_cast<size_t>(batch_size));
+    batches.emplace_back(order.begin() + static_cast<std::ptrdiff_t>(start),
+                         order.begin() + static_cast<std::ptrdiff_t>(end));
+  }
+  return batches;
 }
 
 int64_t TotalSteps(const JobSpec::Training& training, int64_t examples) {

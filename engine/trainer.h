@@ -32,9 +32,17 @@ struct EvalResult {
   int64_t tokens = 0;  // target tokens
 };
 
-// Mean token loss of a data set, batched by `batch_size` in file order, with
-// the model in eval mode (no dropout) and no gradients.
+// Mean token loss of a data set, batched by EvaluationBatches, with the model
+// in eval mode (no dropout) and no gradients.
 EvalResult Evaluate(LlamaModel& model, const TokenDataset& data, int64_t batch_size);
+
+// Evaluation's micro-batches of at most `batch_size` (> 0) examples: every
+// example once, longest first (ties in file order), so that a batch pads its
+// rows to lengths close to their own (in file order, a set of mixed lengths
+// pads most rows to its batch's longest) and the largest batch, the memory
+// peak, comes first. The loss is a sum over tokens: the order changes only
+// its rounding.
+std::vector<std::vector<const TokenExample*>> EvaluationBatches(const TokenDataset& data, int64_t batch_size);
 
 // Optimizer steps the job runs: training.max_steps when set, else
 // ceil(epochs * examples / examples_per_step).

@@ -1,5 +1,5 @@
 // The model's parts on their own: attention paths agree, PEFT's LoRA
-// initialisation, and how many steps a job runs.
+// initialisation, how many steps a job runs, and how evaluation batches.
 #include <cmath>
 
 #include "engine/llama_model.h"
@@ -46,19 +46,26 @@ TEST(Attention, PackedMaskMatchesExplicitAndKeepsExamplesApart) {
   EXPECT_LE(RelativeError(a.narrow(2, 4, 3), alone), 1e-5);
 }
 
-TEST(LoraInit, FollowsPeftDefaults) {
+// The llama fixture in float32 on the CPU.
+std::unique_ptr<engine::LlamaModel> FixtureModel() {
   auto config = engine::LoadModelConfig(Fixture("llama/model"));
-  ASSERT_TRUE(config.ok());
+  EXPECT_TRUE(config.ok());
   auto weights = engine::LoadModelWeights(Fixture("llama/model"), torch::kFloat32, torch::kCPU);
-  ASSERT_TRUE(weights.ok());
+  EXPECT_TRUE(weights.ok());
   auto model = engine::LlamaModel::FromWeights(*config, std::move(*weights), "fixture");
-  ASSERT_TRUE(model.ok());
+  EXPECT_TRUE(model.ok());
+  return model.ok() ? std::move(*model) : nullptr;
+}
+
+TEST(LoraInit, FollowsPeftDefaults) {
+  auto model = FixtureModel();
+  ASSERT_TRUE(model);
   engine::LoraSettings s;
   s.r = 8;
   s.alpha = 16;
   s.target_modules = {"q_proj", "down_proj"};
-  engine::AttachLora(**model, s);
-  auto params = engine::LoraNamedParameters(**model);
+  engine::AttachLora(*model, s);
+  auto params = engine::LoraNamedParameters(*model);
   ASSERT_EQ(params.size(), 2u * 2u * 2u);  // 2 layers x 2 modules x (A, B)
   for (const auto& [name, t] : params) {
     EXPECT_EQ(t.scalar_type(), torch::kFloat32) << name;
@@ -109,6 +116,46 @@ TEST(TotalSteps, FromEpochsOrMaxSteps) {
   EXPECT_EQ(engine::TotalSteps(t, 16), 5);
   t.max_steps = 7;
   EXPECT_EQ(engine::TotalSteps(t, 16), 7);
+}
+
+TEST(EvaluationBatches, LongestFirstEveryExampleOnce) {
+  engine::TokenDataset data;
+  for (int64_t n : {3, 10, 5, 7, 1, 5, 9}) {
+    engine::TokenExample e;
+    e.input_ids.assign(static_cast<size_t>(n), n);
+    e.labels = e.input_ids;
+    data.examples.push_back(e);
+  }
+  const auto batches = engine::EvaluationBatches(data, 3);
+  ASSERT_EQ(batches.size(), 3u);
+  std::vector<const engine::TokenExample*> seen;
+  std::vector<size_t> lengths;
+  for (const auto& batch : batches) {
+    EXPECT_LE(batch.size(), 3u);
+    for (const engine::TokenExample* e : batch) {
+      seen.push_back(e);
+      lengths.push_back(e->input_ids.size());
+    }
+  }
+  EXPECT_EQ(lengths, (std::vector<size_t>{10, 9, 7, 5, 5, 3, 1}));
+  // Ties keep file order: the first 5 (index 2) before the second (index 5).
+  EXPECT_EQ(seen[3], &data.examples[2]);
+  EXPECT_EQ(seen[4], &data.examples[5]);
+  EXPECT_TRUE(engine::EvaluationBatches(engine::TokenDataset{}, 4).empty());
+}
+
+// Batching is a matter of speed only: the fixture's ragged eval set gives the
+// same loss and target count one example a batch as four (sorted and padded).
+TEST(Evaluate, SameLossWhateverTheBatchSize) {
+  auto model = FixtureModel();
+  ASSERT_TRUE(model);
+  auto data = engine::LoadTokenDataset(Fixture("llama/eval.jsonl"), model->config().vocab_size, 64);
+  ASSERT_TRUE(data.ok()) << data.status().message();
+  const engine::EvalResult one = engine::Evaluate(*model, *data, 1);
+  const engine::EvalResult four = engine::Evaluate(*model, *data, 4);
+  EXPECT_GT(one.tokens, 0);
+  EXPECT_EQ(one.tokens, four.tokens);
+  EXPECT_NEAR(one.loss, four.loss, 1e-5 * one.loss);
 }
 
 std::string ShuffledJob(const std::string& out, int seed, bool shuffle) {
