@@ -576,4 +576,36 @@ bool DropoutRowsOnKernel(const torch::Tensor& x, torch::Tensor& y, const kernels
 #endif
 }
 
+bool LoraDropoutBackwardOnKernel(const torch::Tensor& x, torch::Tensor& dropped, const torch::Tensor& u,
+                                 const torch::Tensor& a, torch::Tensor& acc, const kernels::PhiloxState& philox,
+                                 uint64_t mask, uint32_t drop_below, float scale) {
+#ifdef TRAINERD_WITH_CUDA_KERNELS
+  auto matrix = [&](const torch::Tensor& t) {
+    return KernelTensor(t) && t.dim() == 2 && t.scalar_type() == x.scalar_type() && t.device() == x.device() &&
+           (t.size(1) <= 1 || t.stride(1) == 1);
+  };
+  if (!matrix(x) || !matrix(dropped) || !matrix(u) || !matrix(a) || !matrix(acc)) return false;
+  const int64_t rows = x.size(0), cols = x.size(1), rank = u.size(1);
+  if (dropped.sizes() != x.sizes() || acc.sizes() != x.sizes() || u.size(0) != rows || a.size(0) != rank ||
+      a.size(1) != cols) {
+    return false;
+  }
+  if (!kernels::LoraDropoutBackwardFits(x.data_ptr(), RowStride(x), dropped.data_ptr(), RowStride(dropped),
+                                        u.data_ptr(), RowStride(u), a.data_ptr(), RowStride(a), rank, acc.data_ptr(),
+                                        RowStride(acc), cols)) {
+    return false;
+  }
+  const c10::cuda::CUDAGuard guard(x.device());
+  Check(kernels::LoraDropoutBackward(x.data_ptr(), RowStride(x), dropped.data_ptr(), RowStride(dropped), u.data_ptr(),
+                                     RowStride(u), a.data_ptr(), RowStride(a), rank, acc.data_ptr(), RowStride(acc),
+                                     rows, cols, philox, mask, drop_below, scale, DTypeOf(x), StreamOf(x)));
+  torch::autograd::impl::bump_version(dropped);
+  torch::autograd::impl::bump_version(acc);
+  return true;
+#else
+  (void)x, (void)dropped, (void)u, (void)a, (void)acc, (void)philox, (void)mask, (void)drop_below, (void)scale;
+  return false;
+#endif
+}
+
 }  // namespace trainerd::engine

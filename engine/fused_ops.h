@@ -141,6 +141,17 @@ torch::Tensor PlainSoftmaxCrossEntropyRows(torch::Tensor& logits, const torch::T
 bool DropoutRowsOnKernel(const torch::Tensor& x, torch::Tensor& y, const kernels::PhiloxState& philox,
                          uint64_t mask, uint32_t drop_below, float scale, bool accumulate);
 
+// A LoRA module's dropout backward on the kernel (kernels::LoraDropoutBackward:
+// dropped = x through mask number philox.offset + mask, scaled; acc += u a
+// through the same mask, scaled) for x, dropped and acc (rows, cols), u (rows,
+// rank) and a (rank, cols) of one dtype and device. Returns false, having done
+// nothing, where the kernel does not apply (not CUDA matrices of a kernel dtype
+// with unit column stride in the layouts LoraDropoutBackwardFits takes, or a
+// build without the kernels). Not an autograd op (engine/lora_dropout.h).
+bool LoraDropoutBackwardOnKernel(const torch::Tensor& x, torch::Tensor& dropped, const torch::Tensor& u,
+                                 const torch::Tensor& a, torch::Tensor& acc, const kernels::PhiloxState& philox,
+                                 uint64_t mask, uint32_t drop_below, float scale);
+
 // Whether this build has the CUDA kernels (TRAINERD_WITH_CUDA_KERNELS).
 bool FusedKernelsBuilt();
 

@@ -259,6 +259,7 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
     const int64_t out_total = Sum(outs);
     const torch::Tensor top = widened.narrow(0, 0, out_total);  // [W | sB | 0]
     torch::Tensor grad_x, u;  // u = s g B (N, rank), every LoRA member's columns
+    torch::Tensor grad_a;     // u^T x (rank, in), made beside the input gradient with dropout
     // Input wider than the output (down): [g | u | 0] [W ; A ; 0] = g W + u A,
     // so that no pass over the wide input gradient follows.
     const bool lora_term_in_gemm = need_x && rank > 0 && widened.size(0) > out_total && !any_dropout;
@@ -266,7 +267,8 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
     if (need_x && any_dropout) {
       // g W and u as without dropout (one GEMM, or u first where the input
       // gradient must be dense), then each member's term u_i A_i added,
-      // through its mask where it has one.
+      // through its mask where it has one, and its A gradient rows
+      // u_i^T dropout_i(x): both from one pass through the mask.
       if (dense) {
         u = torch::mm(g, top.narrow(1, in, rank));
         grad_x = torch::mm(g, top.narrow(1, 0, in));
@@ -275,15 +277,19 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
         grad_x = grad_ext.narrow(1, 0, in);
         u = grad_ext.narrow(1, in, rank);
       }
+      const torch::Tensor rows = DropoutInput(x, recipe);
+      grad_a = torch::empty({rank, in}, rows.options());
       int64_t col = 0;
       for (size_t i = 0; i < outs.size(); ++i) {
         if (ranks[i] == 0) continue;
         const torch::Tensor u_i = u.narrow(1, col, ranks[i]);
         const torch::Tensor a_i = a_cat.narrow(0, col, ranks[i]);
+        torch::Tensor grad_a_i = grad_a.narrow(0, col, ranks[i]);
         if (masks[i].active()) {
-          AddDropoutRows(grad_x, torch::mm(u_i, a_i), masks[i]);
+          at::mm_out(grad_a_i, u_i.t(), LoraDropoutBackward(rows, u_i, a_i, grad_x, masks[i]));
         } else {
           grad_x.addmm_(u_i, a_i);
+          at::mm_out(grad_a_i, u_i.t(), rows);
         }
         col += ranks[i];
       }
@@ -327,8 +333,9 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
     }
     tensor_list result{grad_x};
     if (rank > 0) {
-      const torch::Tensor grad_a =
-          any_dropout ? DroppedLoraInputProduct(u, x, recipe, ranks, masks) : LoraInputProduct(u, x, recipe);
+      if (!grad_a.defined()) {
+        grad_a = any_dropout ? DroppedLoraInputProduct(u, x, recipe, ranks, masks) : LoraInputProduct(u, x, recipe);
+      }
       // t^T g (rank, sum out): every member's dB^T as a diagonal block, from
       // one thin product that reads g once (the off-diagonal blocks are
       // arithmetic to spare on a pass bound by memory). Per member, g_i^T t_i
@@ -408,12 +415,19 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
     return torch::mm(u.t(), x);
   }
 
+  // The input the members' masks apply to: x kept, or made again by SwiGLU's
+  // recipe (a group with dropout keeps x otherwise).
+  static torch::Tensor DropoutInput(const torch::Tensor& x, at::ArrayRef<torch::Tensor> recipe) {
+    return x.defined() ? x : FusedSwiGlu(recipe[3], recipe[4]);
+  }
+
   // u^T x (rank, in) with each member's rows u_i^T dropout_i(x) where it has
-  // a mask (x kept, or made again by SwiGLU's recipe).
+  // a mask (where the input gradient is not needed; else the backward makes
+  // these rows beside it).
   static torch::Tensor DroppedLoraInputProduct(const torch::Tensor& u, const torch::Tensor& x,
                                                at::ArrayRef<torch::Tensor> recipe, const std::vector<int64_t>& ranks,
                                                const std::vector<LoraDropoutMask>& masks) {
-    const torch::Tensor rows = x.defined() ? x : FusedSwiGlu(recipe[3], recipe[4]);
+    const torch::Tensor rows = DropoutInput(x, recipe);
     torch::Tensor grad_a = torch::empty({u.size(1), rows.size(1)}, rows.options());
     int64_t col = 0;
     for (size_t i = 0; i < ranks.size(); ++i) {

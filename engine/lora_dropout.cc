@@ -131,4 +131,20 @@ void AddDropoutRows(torch::Tensor& acc, const torch::Tensor& v, const LoraDropou
   acc.add_(PlainDropoutRows(v, m));
 }
 
+torch::Tensor LoraDropoutBackward(const torch::Tensor& x, const torch::Tensor& u, const torch::Tensor& a,
+                                  torch::Tensor& acc, const LoraDropoutMask& m) {
+  TORCH_CHECK(m.active() && x.dim() == 2 && acc.sizes() == x.sizes() && u.dim() == 2 && a.dim() == 2 &&
+                  u.size(0) == x.size(0) && a.size(0) == u.size(1) && a.size(1) == x.size(1),
+              "LoraDropoutBackward: x and acc (rows, cols), u (rows, rank), a (rank, cols) and a dropout draw");
+  if (x.is_cuda()) {
+    torch::Tensor dropped = torch::empty(x.sizes(), x.options());
+    if (LoraDropoutBackwardOnKernel(x, dropped, u, a, acc, m.draw->philox, static_cast<uint64_t>(m.mask),
+                                    kernels::DropoutThreshold(m.p), Scale(m.p))) {
+      return dropped;
+    }
+  }
+  AddDropoutRows(acc, torch::mm(u, a), m);
+  return DropoutRows(x, m);
+}
+
 }  // namespace trainerd::engine

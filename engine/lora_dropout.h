@@ -75,4 +75,14 @@ torch::Tensor DropoutRows(const torch::Tensor& x, const LoraDropoutMask& m);
 // acc (rows, cols) += DropoutRows(v, m), in place, without the temporary.
 void AddDropoutRows(torch::Tensor& acc, const torch::Tensor& v, const LoraDropoutMask& m);
 
+// The backward of a module's dropout_m(x) A^T, both terms through mask m:
+// acc (rows, cols) += DropoutRows(u a, m) (the input gradient's term; u
+// (rows, rank), a (rank, cols)), and DropoutRows(x, m) returned (what the A
+// gradient u^T dropout(x) multiplies). On the kernel where it applies, in one
+// pass that makes the mask once (u a summed in float32 and rounded to the
+// dtype, as the thin GEMM writes it, its sum order aside); else as
+// AddDropoutRows(acc, u a, m) and DropoutRows(x, m).
+torch::Tensor LoraDropoutBackward(const torch::Tensor& x, const torch::Tensor& u, const torch::Tensor& a,
+                                  torch::Tensor& acc, const LoraDropoutMask& m);
+
 }  // namespace trainerd::engine

@@ -9,6 +9,12 @@
 // consecutive elements of the row-major order (a group may span rows). The seed and
 // offset are read from device memory when the launch was recorded in a CUDA
 // graph, so that each replay draws the generator's numbers of that replay.
+//
+// LoraDropoutBackward is a module's whole backward through its mask in one
+// pass: a tile of 8 rows by 8 columns a thread sums u a in registers (u's
+// rows staged in shared memory as float32, a's 8 columns read as 16-byte
+// vectors, L1 and L2 resident), then makes the tile's mask once for both the
+// dropped input and the input gradient's term.
 
 #include <algorithm>
 
@@ -90,7 +96,185 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// ---- A module's backward -----------------------------------------------------
+
+constexpr int kBackwardThreads = 128;
+constexpr int kTileRows = 8;       // rows of a tile: its u a sums held in registers
+constexpr int kTileCols = 8;       // columns a thread: one group of eight, one Philox call a row
+constexpr int kTilesPerBlock = 4;  // tiles of a block's rows: u staged once for them, a's columns reread from L1
+constexpr int kBlockRows = kTileRows * kTilesPerBlock;
+constexpr int kMaxRank = 256;  // u's rows in shared memory: rank x kBlockRows float32, at most 32 KB
+
+// Eight consecutive elements at p (16-byte aligned) as raw 16-byte vectors
+// (one for a 16-bit dtype, two for float32), loaded through the read-only
+// path, or coherently through L2 for a buffer the kernel also writes (acc).
+template <typename T>
+constexpr int kVecsPerEight = kTileCols / kVecElems<T>;
+
+template <typename T, bool kCoherent = false>
+__device__ __forceinline__ void LoadEightRaw(const T* p, uint4 (&raw)[kVecsPerEight<T>]) {
+#pragma unroll
+  for (int h = 0; h < kVecsPerEight<T>; ++h) {
+    const T* q = p + h * kVecElems<T>;
+    raw[h] = kCoherent ? __ldcg(reinterpret_cast<const uint4*>(q)) : LoadVec(q);
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ void UnpackEight(const uint4 (&raw)[kVecsPerEight<T>], float (&f)[kTileCols]) {
+  constexpr int kN = kVecElems<T>;
+#pragma unroll
+  for (int h = 0; h < kVecsPerEight<T>; ++h) {
+    float part[kN];
+    UnpackFloats<T>(raw[h], part);
+#pragma unroll
+    for (int i = 0; i < kN; ++i) f[h * kN + i] = part[i];
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ void StoreEight(T* p, const float (&f)[kTileCols]) {
+  constexpr int kN = kVecElems<T>;
+#pragma unroll
+  for (int h = 0; h < kVecsPerEight<T>; ++h) {
+    float part[kN];
+#pragma unroll
+    for (int i = 0; i < kN; ++i) part[i] = f[h * kN + i];
+    StoreVec(p + h * kN, PackFloats<T>(part));
+  }
+}
+
+// A block: kBlockRows rows by kBackwardThreads * kTileCols columns, as
+// kTilesPerBlock tiles of kTileRows rows. Per tile a thread first issues the
+// loads of its x and acc vectors (their latency hidden behind the sums; 16-bit
+// dtypes), then
+// sums u a for its 8 x 8 elements (rank steps of 64 FMAs, a's 8 columns one
+// 16-byte load a step), then makes each row's mask once for both outputs.
+// cols, every row stride and a's a multiple of 8; pointers 16-byte aligned;
+// 0 < rank <= kMaxRank; dynamic shared memory rank * kBlockRows floats.
+template <typename T>
+__global__ void __launch_bounds__(kBackwardThreads)
+    LoraDropoutBackwardKernel(const T* __restrict__ x, int64_t x_stride, T* __restrict__ dropped,
+                              int64_t dropped_stride, const T* __restrict__ u, int64_t u_stride,
+                              const T* __restrict__ a, int64_t a_stride, int rank, T* __restrict__ acc,
+                              int64_t acc_stride, int64_t rows, int64_t cols, PhiloxState philox, uint64_t mask_index,
+                              uint32_t drop_below, float scale) {
+  extern __shared__ float4 u_rows4[];  // [rank][kBlockRows] float32: the block's rows of u, k-major
+  float* u_rows = reinterpret_cast<float*>(u_rows4);
+  constexpr int kV = kVecsPerEight<T>;
+  const uint64_t seed = Seed(philox), mask = MaskNumber(philox, mask_index);
+  const int64_t c0 = (int64_t{blockIdx.x} * kBackwardThreads + threadIdx.x) * kTileCols;
+  for (int64_t rb = int64_t{blockIdx.y} * kBlockRows; rb < rows; rb += int64_t{gridDim.y} * kBlockRows) {
+    __syncthreads();  // the rows before have been read
+    for (int i = threadIdx.x; i < rank * kBlockRows; i += kBackwardThreads) {
+      const int k = i / kBlockRows, row = i - k * kBlockRows;
+      u_rows[i] = rb + row < rows ? ToFloat<T>(u[(rb + row) * u_stride + k]) : 0.f;
+    }
+    __syncthreads();
+    if (c0 >= cols) continue;
+#pragma unroll 1
+    for (int t = 0; t < kTilesPerBlock; ++t) {
+      const int64_t r0 = rb + t * kTileRows;
+      if (r0 >= rows) break;
+      const int64_t tile = rows - r0 < kTileRows ? rows - r0 : kTileRows;
+      // 16-bit dtypes: the tile's x and acc vectors loaded before the sums
+      // (64 registers); float32 loads them row by row after (twice the
+      // registers would spill).
+      constexpr bool kEarly = sizeof(T) == 2;
+      uint4 x_raw[kEarly ? kTileRows : 1][kV], acc_raw[kEarly ? kTileRows : 1][kV];
+      if constexpr (kEarly) {
+#pragma unroll
+        for (int row = 0; row < kTileRows; ++row) {
+          if (row < tile) {
+            LoadEightRaw<T>(x + (r0 + row) * x_stride + c0, x_raw[row]);
+            LoadEightRaw<T, true>(acc + (r0 + row) * acc_stride + c0, acc_raw[row]);
+          }
+        }
+      }
+      float sum[kTileRows][kTileCols];
+#pragma unroll
+      for (int row = 0; row < kTileRows; ++row) {
+#pragma unroll
+        for (int j = 0; j < kTileCols; ++j) sum[row][j] = 0.f;
+      }
+      const float4* u_tile = u_rows4 + t * (kTileRows / 4);  // row tile t's 8 values of step k: 2 float4s
+#pragma unroll 4
+      for (int k = 0; k < rank; ++k) {
+        uint4 a_raw[kV];
+        LoadEightRaw<T>(a + int64_t{k} * a_stride + c0, a_raw);
+        float av[kTileCols];
+        UnpackEight<T>(a_raw, av);
+        const float4 lo = u_tile[k * (kBlockRows / 4)], hi = u_tile[k * (kBlockRows / 4) + 1];
+        const float uk[kTileRows] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+#pragma unroll
+        for (int row = 0; row < kTileRows; ++row) {
+#pragma unroll
+          for (int j = 0; j < kTileCols; ++j) sum[row][j] = fmaf(uk[row], av[j], sum[row][j]);
+        }
+      }
+#pragma unroll
+      for (int row = 0; row < kTileRows; ++row) {
+        if (row < tile) {
+          const int64_t r = r0 + row;
+          const int slot = kEarly ? row : 0;
+          if constexpr (!kEarly) {
+            LoadEightRaw<T>(x + r * x_stride + c0, x_raw[0]);
+            LoadEightRaw<T, true>(acc + r * acc_stride + c0, acc_raw[0]);
+          }
+          float xv[kTileCols], g[kTileCols], out[kTileCols];
+          UnpackEight<T>(x_raw[slot], xv);
+          UnpackEight<T>(acc_raw[slot], g);
+          const Philox4 words = DropoutWords(seed, mask, static_cast<uint64_t>(r * cols + c0) >> 3);
+#pragma unroll
+          for (int j = 0; j < kTileCols; ++j) {
+            const bool keep = DropoutKeeps(DropoutDraw16(words, j), drop_below);
+            out[j] = Apply<T>(xv[j], 0.f, keep, scale, /*accumulate=*/false);
+            // The term as the thin product's GEMM would have written it (rounded to T), then dropped and added.
+            g[j] = Apply<T>(RoundTo<T>(sum[row][j]), g[j], keep, scale, /*accumulate=*/true);
+          }
+          StoreEight<T>(dropped + r * dropped_stride + c0, out);
+          StoreEight<T>(acc + r * acc_stride + c0, g);
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
+
+std::string LoraDropoutBackward(const void* x, int64_t x_stride, void* dropped, int64_t dropped_stride, const void* u,
+                                int64_t u_stride, const void* a, int64_t a_stride, int64_t rank, void* acc,
+                                int64_t acc_stride, int64_t rows, int64_t cols, const PhiloxState& philox,
+                                uint64_t mask_index, uint32_t drop_below, float scale, DType dtype, void* stream) {
+  if (rows < 0 || cols < 0) return "LoraDropoutBackward: negative sizes";
+  if (rows == 0 || cols == 0) return {};
+  if (!LoraDropoutBackwardFits(x, x_stride, dropped, dropped_stride, u, u_stride, a, a_stride, rank, acc, acc_stride,
+                               cols)) {
+    return "LoraDropoutBackward: a layout the kernel does not take (LoraDropoutBackwardFits)";
+  }
+  const cudaStream_t s = AsStream(stream);
+  return DispatchDType(dtype, [&](auto tag) -> std::string {
+    using T = decltype(tag);
+    const dim3 grid(static_cast<unsigned>((cols / kTileCols + kBackwardThreads - 1) / kBackwardThreads),
+                    static_cast<unsigned>(std::min<int64_t>((rows + kBlockRows - 1) / kBlockRows, 65535)));
+    const size_t shared = static_cast<size_t>(rank) * kBlockRows * sizeof(float);
+    LoraDropoutBackwardKernel<T><<<grid, kBackwardThreads, shared, s>>>(
+        static_cast<const T*>(x), x_stride, static_cast<T*>(dropped), dropped_stride, static_cast<const T*>(u),
+        u_stride, static_cast<const T*>(a), a_stride, static_cast<int>(rank), static_cast<T*>(acc), acc_stride, rows,
+        cols, philox, mask_index, drop_below, scale);
+    return LaunchError("LoraDropoutBackward");
+  });
+}
+
+bool LoraDropoutBackwardFits(const void* x, int64_t x_stride, const void* dropped, int64_t dropped_stride,
+                             const void* u, int64_t u_stride, const void* a, int64_t a_stride, int64_t rank,
+                             const void* acc, int64_t acc_stride, int64_t cols) {
+  const bool strides = x_stride % kTileCols == 0 && dropped_stride % kTileCols == 0 && a_stride % kTileCols == 0 &&
+                       acc_stride % kTileCols == 0 && x_stride >= cols && dropped_stride >= cols &&
+                       a_stride >= cols && acc_stride >= cols && u_stride >= rank;
+  return x && dropped && u && a && acc && cols % kTileCols == 0 && rank > 0 && rank <= kMaxRank && strides &&
+         Aligned16(x) && Aligned16(dropped) && Aligned16(a) && Aligned16(acc);
+}
 
 std::string DropoutRows(const void* x, int64_t x_stride, void* y, int64_t y_stride, int64_t rows, int64_t cols,
                         const PhiloxState& philox, uint64_t mask_index, uint32_t drop_below, float scale,

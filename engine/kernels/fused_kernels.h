@@ -204,4 +204,27 @@ struct PhiloxState {
                                       int64_t cols, const PhiloxState& philox, uint64_t mask_index,
                                       uint32_t drop_below, float scale, bool accumulate, DType dtype, void* stream);
 
+// The backward of a LoRA module's dropout_i(x) A^T through mask number
+// offset + mask_index, both terms in one pass (one Philox call per 8 elements):
+//   dropped = DropoutRows(x)                    (what the A gradient u^T dropout(x) multiplies)
+//   acc    += DropoutRows(T(u a)), accumulating  (the input gradient's term dropout(u A))
+// T(u a)[r][c] = T(sum over k in order of float(u[r][k]) * float(a[k][c]), float32 FMAs): the thin
+// product rounded to the dtype as a GEMM writes it (its sum order may differ in the last float32 bit).
+//   x, dropped, acc: (rows, cols) dtype, rows *_stride apart; dropped overlaps nothing else; acc may not be x
+//   u: (rows, rank), rows u_stride apart, unit column stride; a: (rank, cols), rows a_stride apart
+// Only for layouts LoraDropoutBackwardFits accepts (else an error, nothing written).
+[[nodiscard]] std::string LoraDropoutBackward(const void* x, int64_t x_stride, void* dropped, int64_t dropped_stride,
+                                              const void* u, int64_t u_stride, const void* a, int64_t a_stride,
+                                              int64_t rank, void* acc, int64_t acc_stride, int64_t rows, int64_t cols,
+                                              const PhiloxState& philox, uint64_t mask_index, uint32_t drop_below,
+                                              float scale, DType dtype, void* stream);
+
+// Whether LoraDropoutBackward takes this layout: non-null pointers, cols and
+// the row strides of x, dropped, a and acc multiples of 8 elements (and at
+// least cols), x, dropped, a and acc 16-byte aligned, 0 < rank <= 256 and
+// u_stride >= rank.
+bool LoraDropoutBackwardFits(const void* x, int64_t x_stride, const void* dropped, int64_t dropped_stride,
+                             const void* u, int64_t u_stride, const void* a, int64_t a_stride, int64_t rank,
+                             const void* acc, int64_t acc_stride, int64_t cols);
+
 }  // namespace trainerd::kernels

@@ -2,7 +2,8 @@
 // generator is Philox4x32-10 as LibTorch's own philox_engine computes it; a
 // mask keeps 1 - p of the elements, is a function of its draw and number
 // alone, differs between numbers and draws, and repeats after the same seed;
-// the dropped rows are x * mask * (1 / (1 - p)) bit for bit, in place or added.
+// the dropped rows are x * mask * (1 / (1 - p)) bit for bit, in place or added;
+// a module's backward makes its dropped input and input gradient term through one mask.
 // Runs on TRAINERD_TEST_DEVICE / TRAINERD_TEST_DTYPE (CPU float32 in CI); on
 // CUDA the masks come from the kernel and must equal the host's.
 #include <cmath>
@@ -117,6 +118,59 @@ TEST(LoraDropout, DroppedRowsAreTheMaskTimesTheScale) {
       EXPECT_TRUE(torch::equal(acc, expected)) << rows << "x" << cols << " in rows of " << cols + extra;
       EXPECT_TRUE(torch::equal(acc_rows.narrow(1, cols, extra), right)) << "columns beyond the matrix were written";
     }
+  }
+}
+
+// A module's backward through its mask (LoraDropoutBackward): the dropped
+// input bit for bit, and the input gradient's term u a through the same mask
+// added into acc, which stays as it was wherever the mask drops. On CUDA the
+// shapes with 8-aligned columns and strides take the one-pass kernel (rows not
+// a multiple of its 8-row tiles, a rank of 3, u and a as views of wider
+// ones), the others the two steps it replaces.
+TEST(LoraDropout, BackwardMakesBothTermsThroughOneMask) {
+  const engine::DropoutDraw draw = FixedDraw(77, 16, 4);
+  const auto opts = torch::TensorOptions().dtype(TorchTestDtype()).device(TorchTestDevice());
+  const double p = 0.25, scale = 1.0 / (1.0 - p);
+  // The term's rounding to the dtype may differ by its last bit from the
+  // reference's (another float32 sum order); anything else is exact.
+  const double rel = TorchTestDtype() == torch::kFloat32 ? 1e-5 : 1.0 / 128;
+  torch::manual_seed(11);
+  struct Case {
+    int64_t rows, cols, rank, extra;  // extra: acc's and x's rows are cols + extra apart
+  };
+  for (const Case c : {Case{37, 64, 16, 8}, Case{9, 24, 3, 0}, Case{70, 2048, 16, 16}, Case{5, 7, 2, 1},
+                       Case{12, 40, 4, 4}, Case{33, 48, 20, 8}}) {
+    const std::string where = std::to_string(c.rows) + "x" + std::to_string(c.cols) + " r" + std::to_string(c.rank) +
+                              " +" + std::to_string(c.extra);
+    const engine::LoraDropoutMask m{&draw, 3, p};
+    const torch::Tensor x = torch::randn({c.rows, c.cols + c.extra}, opts).narrow(1, 0, c.cols);
+    const torch::Tensor u = torch::randn({c.rows, c.rank + 5}, opts).narrow(1, 2, c.rank);  // a member's columns
+    const torch::Tensor a = torch::randn({c.rank + 4, c.cols}, opts).narrow(0, 4, c.rank);   // its rows of A
+    torch::Tensor acc_rows = torch::randn({c.rows, c.cols + c.extra}, opts);
+    torch::Tensor acc = acc_rows.narrow(1, 0, c.cols);
+    const torch::Tensor acc0 = acc.clone();
+    const torch::Tensor beyond = acc_rows.narrow(1, c.cols, c.extra).clone();
+    const torch::Tensor keep = engine::DropoutKeepMask(m, c.rows, c.cols, opts);
+
+    const torch::Tensor dropped = engine::LoraDropoutBackward(x, u, a, acc, m);
+    EXPECT_TRUE(torch::equal(dropped, x * keep * scale)) << where;
+    EXPECT_TRUE(torch::equal(acc_rows.narrow(1, c.cols, c.extra), beyond)) << where << ": columns beyond written";
+
+    const torch::Tensor kept = keep.to(torch::kBool);
+    EXPECT_TRUE(torch::equal(acc.masked_select(~kept), acc0.masked_select(~kept))) << where << ": dropped positions";
+    const torch::Tensor term = torch::mm(u.to(torch::kFloat32), a.to(torch::kFloat32)).to(TorchTestDtype());
+    const torch::Tensor want = acc0 + term * keep * scale;
+    const torch::Tensor err = (acc.to(torch::kFloat64) - want.to(torch::kFloat64)).abs();
+    // Rounding scales with the sum's terms, sum |u_k a_k|, and acc's own size.
+    const torch::Tensor magnitude = torch::mm(u.to(torch::kFloat64).abs(), a.to(torch::kFloat64).abs());
+    const torch::Tensor bound = (magnitude * scale + acc0.to(torch::kFloat64).abs()) * rel;
+    EXPECT_TRUE((err <= bound).all().item<bool>()) << where << ": largest error " << err.max().item<double>();
+
+    // The two steps the kernel replaces agree within the same bound.
+    torch::Tensor two_steps = acc0.clone();
+    engine::AddDropoutRows(two_steps, torch::mm(u, a), m);
+    const torch::Tensor step_err = (acc.to(torch::kFloat64) - two_steps.to(torch::kFloat64)).abs();
+    EXPECT_TRUE((step_err <= bound).all().item<bool>()) << where << ": against two steps " << step_err.max().item<double>();
   }
 }
 
