@@ -32,10 +32,17 @@ TRAINERD_HOST_DEVICE Philox4 Philox4x32_10(Philox4 c, uint64_t key) {
       k0 += 0x9E3779B9u;
       k1 += 0xBB67AE85u;
     }
+#if defined(__CUDA_ARCH__)
+    // 32-bit halves by name: left to the 64-bit product, nvcc keeps the state
+    // in 64-bit registers (64-bit XORs, masks and shifts each round).
+    const uint32_t hi0 = __umulhi(0xD2511F53u, c.v[0]), lo0 = 0xD2511F53u * c.v[0];
+    const uint32_t hi1 = __umulhi(0xCD9E8D57u, c.v[2]), lo1 = 0xCD9E8D57u * c.v[2];
+#else
     const uint64_t p0 = uint64_t{0xD2511F53u} * c.v[0];
     const uint64_t p1 = uint64_t{0xCD9E8D57u} * c.v[2];
     const uint32_t hi0 = static_cast<uint32_t>(p0 >> 32), lo0 = static_cast<uint32_t>(p0);
     const uint32_t hi1 = static_cast<uint32_t>(p1 >> 32), lo1 = static_cast<uint32_t>(p1);
+#endif
     c = Philox4{{hi1 ^ c.v[1] ^ k0, lo1, hi0 ^ c.v[3] ^ k1, lo0}};
   }
   return c;
