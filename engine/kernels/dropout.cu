@@ -105,12 +105,13 @@ constexpr int kTilesPerBlock = 4;  // tiles of a block's rows: u staged once for
 constexpr int kBlockRows = kTileRows * kTilesPerBlock;
 constexpr int kMaxRank = 256;  // u's rows in shared memory: rank x kBlockRows float32, at most 32 KB
 
-// Eight consecutive elements at p (16-byte aligned) as raw 16-byte vectors
-// (one for a 16-bit dtype, two for float32), loaded through the read-only
-// path, or coherently through L2 for a buffer the kernel also writes (acc).
+// 16-byte vectors in a thread's eight columns: one for a 16-bit dtype, two for float32.
 template <typename T>
 constexpr int kVecsPerEight = kTileCols / kVecElems<T>;
 
+// Eight consecutive elements at p (16-byte aligned) as raw vectors, loaded
+// through the read-only path, or coherently through L2 for a buffer the
+// kernel also writes (acc).
 template <typename T, bool kCoherent = false>
 __device__ __forceinline__ void LoadEightRaw(const T* p, uint4 (&raw)[kVecsPerEight<T>]) {
 #pragma unroll
@@ -120,6 +121,7 @@ __device__ __forceinline__ void LoadEightRaw(const T* p, uint4 (&raw)[kVecsPerEi
   }
 }
 
+// The eight elements as float32, and back (rounded to T) into 16-byte stores.
 template <typename T>
 __device__ __forceinline__ void UnpackEight(const uint4 (&raw)[kVecsPerEight<T>], float (&f)[kTileCols]) {
   constexpr int kN = kVecElems<T>;
