@@ -14,6 +14,9 @@ import os
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from speed_util import settings_of, settings_text  # noqa: E402  (standard library only, beside this file)
+
 # The rows run.sh knows, in its order (run.sh's row_def is the authority; other rows found are added).
 ROWS = [("1b", "llama3-1b", 8, 2048, False), ("8b", "llama3-8b", 4, 2048, False), ("8b-ckpt", "llama3-8b", 8, 2048, True)]
 SYSTEMS = [("trainerd", "trainerd"), ("hf", "HF PEFT"), ("hf-compile", "HF PEFT + compile")]
@@ -142,12 +145,23 @@ def render(versions, ceiling, results):
     failures, warnings = [], []
     for rid in row_ids:
         t, h, c = (results.get("%s.%s" % (rid, s)) for s, _ in SYSTEMS)
-        chk = checks_for_row(rid, t, h, c)
+        # A reference measured with other settings than trainerd's (a results folder that mixes runs) is
+        # shown but not compared.
+        other = {sid for (sid, _), r in zip(SYSTEMS[1:], (h, c))
+                 if r is not None and t is not None and settings_of(r) != settings_of(t)}
+        for sid, sname in SYSTEMS[1:]:
+            if sid in other:
+                warnings.append("%s: %s was measured with %s, trainerd with %s: not compared (run the row again "
+                                "with every system)" % (rid, sname, settings_text(settings_of(results["%s.%s" % (rid, sid)])),
+                                                        settings_text(settings_of(t))))
+        chk = checks_for_row(rid, t, None if "hf" in other else h, None if "hf-compile" in other else c)
         all_checks[rid] = chk
         for i, (sid, sname) in enumerate(SYSTEMS):
             r = results.get("%s.%s" % (rid, sid))
-            cells = [row_label(rid, results) if i == 0 else "",
-                     sname + (" (%s)" % r["settings"] if r and r.get("settings") else "")]
+            note = [r["settings"]] if r and r.get("settings") else []
+            if sid in other:
+                note.append("other settings: not compared")
+            cells = [row_label(rid, results) if i == 0 else "", sname + (" (%s)" % "; ".join(note) if note else "")]
             if ok(r):
                 mfu = r.get("mfu")
                 if r.get("flops_per_token") and ceiling.get("matmul_tflops"):  # one ceiling for every line

@@ -18,7 +18,8 @@
 #   WORK_DIR=/tmp/trainerd-speed         model folders, token files, jobs, logs; results in $WORK_DIR/results
 #   KEEP=1                               keep the good results already there, run only what is missing or failed
 #                                        (without it every selected row and system runs again; the results of
-#                                        the others stay in $WORK_DIR/results and in the table)
+#                                        the others stay in $WORK_DIR/results and in the table, unless the row
+#                                        now runs with other settings: then all its old results go, see README.md)
 #   BUILD_DIR=/tmp/b                     where trainerd-worker is built (skipped if built there from the same sources)
 #   NO_BUILD=1                           use the trainerd-worker in $BUILD_DIR as it is, never build
 #   WARMUP=3 STEPS=10                    untimed and timed steps, the same for every system
@@ -105,6 +106,11 @@ estimate() {
 fits() { [ "$budget" -le 0 ] || [ $((SECONDS + $1)) -le "$budget" ]; }
 
 result_file() { echo "$results/$1.$2.json"; }
+# The settings of row $r (after row_def) as speed_util.py's row arguments: what its systems share.
+row_args() {
+  echo --row "$r" --shape "$model_name" --micro-batch "$mb" --seq "$seq" --grad-ckpt "$ckpt" --lora-r "$lora_r" \
+    --lora-alpha "$lora_alpha" --lora-dropout "$lora_dropout"
+}
 have_result() { python3 "$here/speed_util.py" ok "$(result_file "$1" "$2")"; }
 
 report() {  # the bundle and the table, after every result: what is under $OUT is current if the command is cut
@@ -132,6 +138,9 @@ main() {
 todo=() need_trainerd=0 models=() model_rows=()  # model_rows: one row per model folder to write
 for r in $rows; do
   row_def "$r"
+  # A row's results of other settings (another custom shape, batch, rank or dropout), of any system, go:
+  # the table compares only results of one computation.
+  python3 "$here/speed_util.py" stale --results "$results" $(row_args) | while read -r line; do say "$line"; done
   for s in $systems; do
     if [ "$keep" = 1 ] && have_result "$r" "$s"; then
       say "kept: $r $s ($(result_file "$r" "$s"))"
@@ -348,9 +357,8 @@ for r in $rows; do
       [ "$s" = hf-compile ] && args+=(--compile)
       run_timed "$base.log" python3 "$here/hf_peft_baseline.py" "${args[@]}"
     fi
-    python3 "$here/speed_util.py" result "$s" --row "$r" --shape "$model_name" --micro-batch "$mb" --seq "$seq" \
-      --lora-r "$lora_r" --lora-alpha "$lora_alpha" \
-      --grad-ckpt "$ckpt" --warmup "$warmup" --steps "$steps" --model-dir "$model" ${metrics:+--metrics "$metrics"} \
+    python3 "$here/speed_util.py" result "$s" $(row_args) \
+      --warmup "$warmup" --steps "$steps" --model-dir "$model" ${metrics:+--metrics "$metrics"} \
       --log "$base.log" --rc "$rc" --wall-s "$wall" ${settings:+--settings "$settings"} --ceiling "$results/ceiling.json" \
       --versions "$results/versions.json" --out "$(result_file "$r" "$s")" ||
       { fail "row $r, $s failed (exit status $rc after ${wall} s; log: $base.log); its last lines:"

@@ -6,6 +6,7 @@
   speed_util.py tokens --micro-batch N --seq S --out F [--seed K]   N rows of S random ids (< 128000), JSONL
   speed_util.py result {trainerd,hf,hf-compile} --out F ...        one (row, system) result -> JSON
   speed_util.py ok F                               exit 0 if F is a result with status "ok"
+  speed_util.py stale --results DIR --row R ...    remove R's results measured with other settings than these
   speed_util.py bundle --results DIR --out F       every JSON of DIR in one file (what comes back from $OUT)
 
 MFU is always computed here, against the one ceiling measured in the run, with the reference's own
@@ -237,10 +238,30 @@ def parse_hf(log):
     raise ValueError("no result line in the reference's output")
 
 
+# What a row's systems must share for their figures to be compared (report.py pairs a row's results
+# only when these agree); the defaults stand for results written before a key was recorded.
+SETTINGS = (("shape", None), ("micro_batch", None), ("seq", None), ("grad_ckpt", False), ("lora_r", 16),
+            ("lora_alpha", 32), ("lora_dropout", 0.0))
+
+
+def settings_of(r):
+    """-> the comparable settings of a result (or of a row being run), as a dict."""
+    return {k: (bool(r.get(k, d)) if k == "grad_ckpt" else r.get(k, d)) for k, d in SETTINGS}
+
+
+def settings_text(s):
+    return "%s, %s×%s%s, LoRA r %s alpha %s dropout %s" % (s["shape"], s["micro_batch"], s["seq"],
+                                                            ", checkpointing" if s["grad_ckpt"] else "",
+                                                            s["lora_r"], s["lora_alpha"], s["lora_dropout"])
+
+
+def settings_args(a):
+    return dict(shape=a.shape, micro_batch=a.micro_batch, seq=a.seq, grad_ckpt=bool(a.grad_ckpt), lora_r=a.lora_r,
+                lora_alpha=a.lora_alpha, lora_dropout=a.lora_dropout)
+
+
 def cmd_result(a):
-    r = dict(row=a.row, system=a.system, shape=a.shape, micro_batch=a.micro_batch, seq=a.seq,
-             lora_r=a.lora_r, lora_alpha=a.lora_alpha,
-             grad_ckpt=bool(a.grad_ckpt), warmup=a.warmup, steps=a.steps, rc=a.rc, wall_s=a.wall_s,
+    r = dict(row=a.row, system=a.system, **settings_args(a), warmup=a.warmup, steps=a.steps, rc=a.rc, wall_s=a.wall_s,
              log=a.log, date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     if a.settings:
         r["settings"] = a.settings
@@ -291,6 +312,22 @@ def cmd_ok(a):
     return 0 if r and r.get("status") == "ok" else 1
 
 
+def cmd_stale(a):
+    """Removes the results of row a.row (every system) measured with other settings than a's: a row run
+    again with another shape, batch, rank or dropout must not be compared with what stays of the old one."""
+    want = settings_of(settings_args(a))
+    for path in sorted(glob.glob(os.path.join(a.results, glob.escape(a.row) + ".*.json"))):
+        r = read_json(path)
+        if r is None or r.get("row") != a.row:
+            continue
+        have = settings_of(r)
+        if have != want:
+            os.remove(path)
+            print("removed %s: measured with %s, the row now runs %s" % (os.path.basename(path), settings_text(have),
+                                                                         settings_text(want)))
+    return 0
+
+
 def cmd_bundle(a):
     b = {"results": {}}
     for path in sorted(glob.glob(os.path.join(a.results, "*.json"))):
@@ -318,15 +355,18 @@ def main():
     p.add_argument("--seq", type=int, required=True)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True)
+    def row_settings(p):
+        p.add_argument("--row", required=True)
+        p.add_argument("--shape", required=True)
+        p.add_argument("--micro-batch", type=int, required=True)
+        p.add_argument("--seq", type=int, required=True)
+        p.add_argument("--grad-ckpt", type=int, default=0)
+        p.add_argument("--lora-r", type=int, default=16)
+        p.add_argument("--lora-alpha", type=int, default=32)
+        p.add_argument("--lora-dropout", type=float, default=0.0)
     p = sub.add_parser("result")
     p.add_argument("system", choices=["trainerd", "hf", "hf-compile"])
-    p.add_argument("--row", required=True)
-    p.add_argument("--shape", required=True)
-    p.add_argument("--micro-batch", type=int, required=True)
-    p.add_argument("--seq", type=int, required=True)
-    p.add_argument("--grad-ckpt", type=int, default=0)
-    p.add_argument("--lora-r", type=int, default=16)
-    p.add_argument("--lora-alpha", type=int, default=32)
+    row_settings(p)
     p.add_argument("--warmup", type=int, required=True)
     p.add_argument("--steps", type=int, required=True)
     p.add_argument("--model-dir", required=True)
@@ -344,13 +384,16 @@ def main():
     p.add_argument("--out", required=True)
     p = sub.add_parser("ok")
     p.add_argument("file")
+    p = sub.add_parser("stale")
+    p.add_argument("--results", required=True)
+    row_settings(p)
     p = sub.add_parser("bundle")
     p.add_argument("--results", required=True)
     p.add_argument("--out", required=True)
     a = ap.parse_args()
     return {"versions": cmd_versions, "ceiling": cmd_ceiling, "tokens": cmd_tokens, "result": cmd_result,
             "save-model": cmd_save_model,
-            "ok": cmd_ok, "bundle": cmd_bundle}[a.cmd](a) or 0
+            "ok": cmd_ok, "stale": cmd_stale, "bundle": cmd_bundle}[a.cmd](a) or 0
 
 
 if __name__ == "__main__":

@@ -3,11 +3,14 @@
 fixtures/h200-1b-trainerd-metrics.jsonl is trainerd-worker's metrics.jsonl of the 1b row, and
 fixtures/h200-results.json the results bundle run.sh wrote for the table in docs/benchmarks.md.
 Standard library only; run by ctest (tests/CMakeLists.txt)."""
+import contextlib
+import io
 import json
 import os
 import shutil
 import sys
 import tempfile
+import types
 import unittest
 
 sys.dont_write_bytecode = True  # nothing written into the source tree
@@ -108,6 +111,51 @@ class ReportTest(unittest.TestCase):
         text = report.render(self.versions, self.ceiling, results)
         self.assertIn("| HF PEFT | OOM |", text)
         self.assertIn("8b, HF PEFT: CUDA out of memory", text)
+
+    def test_a_reference_of_other_settings_is_shown_not_compared(self):
+        results = json.loads(json.dumps(self.results))
+        text = report.render(self.versions, self.ceiling, results)
+        self.assertNotIn("not compared", text)  # the H200 run's systems share their settings
+        results["1b.hf"]["lora_r"] = 64  # as if left from a run of another rank
+        text = report.render(self.versions, self.ceiling, results)
+        self.assertIn("| HF PEFT (other settings: not compared) | ", text)
+        one_b = self.row_line(text, "llama3-1b 8×2048 (1b)", "trainerd")
+        self.assertNotIn("%.2f×" % (results["1b.trainerd"]["tokens_per_s"] / results["1b.hf"]["tokens_per_s"]), one_b)
+        self.assertIn("1b: HF PEFT was measured with llama3-1b, 8×2048, LoRA r 64 alpha 32 dropout 0.0, trainerd "
+                      "with llama3-1b, 8×2048, LoRA r 16 alpha 32 dropout 0.0: not compared", text)
+        # The compiled reference still compares; plain's verdict on 1b is "not run".
+        self.assertIn("%.2f× met" % (results["1b.trainerd"]["tokens_per_s"] / results["1b.hf-compile"]["tokens_per_s"]),
+                      one_b)
+        self.assertIn("- tokens/s ≥ 2.0× HF PEFT plain: **NOT met** (NOT met on 8b, 8b-ckpt; not run on 1b)", text)
+
+
+class StaleResultsTest(unittest.TestCase):
+    def stale(self, folder, **kw):
+        args = dict(results=folder, row="custom", shape="llama3-1b-0a1b2c3d", micro_batch=8, seq=1000, grad_ckpt=0,
+                    lora_r=12, lora_alpha=24, lora_dropout=0.0)
+        args.update(kw)
+        with contextlib.redirect_stdout(io.StringIO()):  # one line per removed result
+            return speed_util.cmd_stale(types.SimpleNamespace(**args))
+
+    def test_a_row_run_with_other_settings_drops_what_the_old_ones_left(self):
+        folder = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, folder)
+        old = dict(row="custom", shape="llama3-1b-0a1b2c3d", micro_batch=8, seq=1000, grad_ckpt=False, lora_r=12,
+                   lora_alpha=24, lora_dropout=0.0, status="ok")
+        for system in ("trainerd", "hf", "hf-compile"):
+            speed_util.write_json(os.path.join(folder, "custom.%s.json" % system), dict(old, system=system))
+        speed_util.write_json(os.path.join(folder, "1b.hf.json"), dict(old, row="1b", system="hf"))
+        self.stale(folder)  # the same settings: everything stays
+        self.assertEqual(len(os.listdir(folder)), 4)
+        self.stale(folder, lora_dropout=0.05)  # another dropout: the row's three results go, 1b's stays
+        self.assertEqual(sorted(os.listdir(folder)), ["1b.hf.json"])
+        # A result written before dropout was recorded counts as dropout 0.
+        legacy = {k: v for k, v in old.items() if k != "lora_dropout"}
+        speed_util.write_json(os.path.join(folder, "custom.hf.json"), dict(legacy, system="hf"))
+        self.stale(folder)
+        self.assertIn("custom.hf.json", os.listdir(folder))
+        self.stale(folder, shape="llama3-8b")
+        self.assertNotIn("custom.hf.json", os.listdir(folder))
 
 
 if __name__ == "__main__":
