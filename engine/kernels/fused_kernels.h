@@ -211,7 +211,9 @@ struct PhiloxState {
 // T(u a)[r][c] = T(sum over k in order of float(u[r][k]) * float(a[k][c]), float32 FMAs): the thin
 // product rounded to the dtype as a GEMM writes it (its sum order may differ in the last float32 bit).
 //   x, dropped, acc: (rows, cols) dtype, rows *_stride apart; dropped overlaps nothing else; acc may not be x
-//   u: (rows, rank), rows u_stride apart, unit column stride; a: (rank, cols), rows a_stride apart
+//   u: (rows, rank), rows u_stride apart, unit column stride; a: (rank, cols), rows a_stride apart;
+//   u and a are only read and may share a buffer with acc outside acc's elements (u beside the input
+//   gradient in the columns of one GEMM's product, as the widened groups lay them out)
 // Only for layouts LoraDropoutBackwardFits accepts (else an error, nothing written).
 [[nodiscard]] std::string LoraDropoutBackward(const void* x, int64_t x_stride, void* dropped, int64_t dropped_stride,
                                               const void* u, int64_t u_stride, const void* a, int64_t a_stride,
