@@ -119,7 +119,7 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
     const int64_t rank = Sum(group.ranks);
     bool any_dropout = false;
     for (size_t i = 0; i < dropout_p.size(); ++i) {
-      any_dropout = any_dropout || (group.ranks[i] > 0 && dropout.Of(0, dropout_p[i]).active());
+      any_dropout = any_dropout || (group.ranks[i] > 0 && dropout.Of(static_cast<int64_t>(i), dropout_p[i]).active());
     }
     // What the backward reads for the A gradients u^T x (none without LoRA).
     auto rows_of = [&](const torch::Tensor& r) {
@@ -259,48 +259,19 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
     const int64_t out_total = Sum(outs);
     const torch::Tensor top = widened.narrow(0, 0, out_total);  // [W | sB | 0]
     torch::Tensor grad_x, u;  // u = s g B (N, rank), every LoRA member's columns
-    torch::Tensor grad_a;     // u^T x (rank, in), made beside the input gradient with dropout
     // Input wider than the output (down): [g | u | 0] [W ; A ; 0] = g W + u A,
-    // so that no pass over the wide input gradient follows.
+    // so that no pass over the wide input gradient follows. With dropout the
+    // members' terms u_i A_i are added one by one after g W (below).
     const bool lora_term_in_gemm = need_x && rank > 0 && widened.size(0) > out_total && !any_dropout;
     const bool dense = ctx->saved_data["dense_input_gradient"].toBool();
-    if (need_x && any_dropout) {
-      // g W and u as without dropout (one GEMM, or u first where the input
-      // gradient must be dense), then each member's term u_i A_i added,
-      // through its mask where it has one, and its A gradient rows
-      // u_i^T dropout_i(x): both from one pass through the mask.
-      if (dense) {
-        u = torch::mm(g, top.narrow(1, in, rank));
-        grad_x = torch::mm(g, top.narrow(1, 0, in));
-      } else {
-        const torch::Tensor grad_ext = torch::mm(g, top);
-        grad_x = grad_ext.narrow(1, 0, in);
-        u = grad_ext.narrow(1, in, rank);
-      }
-      const torch::Tensor rows = DropoutInput(x, recipe);
-      grad_a = torch::empty({rank, in}, rows.options());
-      int64_t col = 0;
-      for (size_t i = 0; i < outs.size(); ++i) {
-        if (ranks[i] == 0) continue;
-        const torch::Tensor u_i = u.narrow(1, col, ranks[i]);
-        const torch::Tensor a_i = a_cat.narrow(0, col, ranks[i]);
-        torch::Tensor grad_a_i = grad_a.narrow(0, col, ranks[i]);
-        if (masks[i].active()) {
-          at::mm_out(grad_a_i, u_i.t(), LoraDropoutBackward(rows, u_i, a_i, grad_x, masks[i]));
-        } else {
-          grad_x.addmm_(u_i, a_i);
-          at::mm_out(grad_a_i, u_i.t(), rows);
-        }
-        col += ranks[i];
-      }
-    } else if (need_x && !lora_term_in_gemm && !dense) {
+    if (need_x && !lora_term_in_gemm && !dense) {
       // g [W | sB | 0] = [g W | u | 0]: the input gradient and u from one
       // GEMM, then u A added (disjoint columns of the one product).
       const torch::Tensor grad_ext = torch::mm(g, top);
       grad_x = grad_ext.narrow(1, 0, in);
       if (rank > 0) {
         u = grad_ext.narrow(1, in, rank);
-        grad_x.addmm_(u, a_cat);
+        if (!any_dropout) grad_x.addmm_(u, a_cat);
       }
     } else if (lora_term_in_gemm) {
       // u first, a thin product over g, into the spare columns of g's rows
@@ -320,9 +291,9 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
       }
     } else {
       // u first, a thin product over g; then the input gradient, if needed,
-      // dense: onto u A, or as g W alone.
+      // dense: onto u A, or as g W alone (no LoRA, or dropout's terms after).
       if (rank > 0) u = torch::mm(g, top.narrow(1, in, rank));
-      if (need_x && rank > 0) {
+      if (need_x && rank > 0 && !any_dropout) {
         // u A first (a thin product), then g W added onto it in the GEMM's
         // epilogue (beta 1): no pass over the input gradient afterwards.
         grad_x = torch::mm(u, a_cat);
@@ -331,11 +302,15 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
         grad_x = torch::mm(g, top.narrow(1, 0, in));
       }
     }
+    // u^T x (rank, in); with dropout, member by member through the masks,
+    // the input gradient's terms u_i A_i added in the same pass.
+    torch::Tensor grad_a;
+    if (rank > 0) {
+      grad_a = any_dropout ? DroppedLoraGradients(u, x, recipe, a_cat, ranks, masks, need_x ? &grad_x : nullptr)
+                           : LoraInputProduct(u, x, recipe);
+    }
     tensor_list result{grad_x};
     if (rank > 0) {
-      if (!grad_a.defined()) {
-        grad_a = any_dropout ? DroppedLoraInputProduct(u, x, recipe, ranks, masks) : LoraInputProduct(u, x, recipe);
-      }
       // t^T g (rank, sum out): every member's dB^T as a diagonal block, from
       // one thin product that reads g once (the off-diagonal blocks are
       // arithmetic to spare on a pass bound by memory). Per member, g_i^T t_i
@@ -422,18 +397,30 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
   }
 
   // u^T x (rank, in) with each member's rows u_i^T dropout_i(x) where it has
-  // a mask (where the input gradient is not needed; else the backward makes
-  // these rows beside it).
-  static torch::Tensor DroppedLoraInputProduct(const torch::Tensor& u, const torch::Tensor& x,
-                                               at::ArrayRef<torch::Tensor> recipe, const std::vector<int64_t>& ranks,
-                                               const std::vector<LoraDropoutMask>& masks) {
+  // a mask; with grad_x, each member's input-gradient term u_i A_i added into
+  // it, through its mask where it has one (one pass for both,
+  // LoraDropoutBackward).
+  static torch::Tensor DroppedLoraGradients(const torch::Tensor& u, const torch::Tensor& x,
+                                            at::ArrayRef<torch::Tensor> recipe, const torch::Tensor& a_cat,
+                                            const std::vector<int64_t>& ranks,
+                                            const std::vector<LoraDropoutMask>& masks, torch::Tensor* grad_x) {
     const torch::Tensor rows = DropoutInput(x, recipe);
     torch::Tensor grad_a = torch::empty({u.size(1), rows.size(1)}, rows.options());
     int64_t col = 0;
     for (size_t i = 0; i < ranks.size(); ++i) {
       if (ranks[i] == 0) continue;
+      const torch::Tensor u_i = u.narrow(1, col, ranks[i]);
+      const torch::Tensor a_i = a_cat.narrow(0, col, ranks[i]);
       torch::Tensor grad_a_i = grad_a.narrow(0, col, ranks[i]);
-      at::mm_out(grad_a_i, u.narrow(1, col, ranks[i]).t(), masks[i].active() ? DropoutRows(rows, masks[i]) : rows);
+      torch::Tensor dropped = rows;
+      if (grad_x != nullptr && masks[i].active()) {
+        dropped = LoraDropoutBackward(rows, u_i, a_i, *grad_x, masks[i]);
+      } else if (grad_x != nullptr) {
+        grad_x->addmm_(u_i, a_i);
+      } else if (masks[i].active()) {
+        dropped = DropoutRows(rows, masks[i]);
+      }
+      at::mm_out(grad_a_i, u_i.t(), dropped);
       col += ranks[i];
     }
     return grad_a;
