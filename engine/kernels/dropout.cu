@@ -11,12 +11,16 @@
 // graph, so that each replay draws the generator's numbers of that replay.
 //
 // LoraDropoutBackward is a module's whole backward through its mask in one
-// pass: a tile of 8 rows by 8 columns a thread sums u a in registers (u's
+// pass: a tile of 4 rows by 8 columns a thread sums u a in registers (u's
 // rows staged in shared memory as float32, a's 8 columns read as 16-byte
 // vectors, L1 and L2 resident), then makes the tile's mask once for both the
-// dropped input and the input gradient's term.
+// dropped input and the input gradient's term. The tile is small so that
+// registers leave room for 16 warps an SM: the kernel issues integer (Philox),
+// float and conversion work in about equal parts, and with fewer warps it
+// waits on each of them in turn.
 
 #include <algorithm>
+#include <type_traits>
 
 #include "engine/kernels/dtype_access.cuh"
 #include "engine/kernels/philox.h"
@@ -99,9 +103,9 @@ __global__ void __launch_bounds__(kThreads)
 // ---- A module's backward -----------------------------------------------------
 
 constexpr int kBackwardThreads = 128;
-constexpr int kTileRows = 8;       // rows of a tile: its u a sums held in registers
+constexpr int kTileRows = 4;       // rows of a tile: its u a sums held in registers
 constexpr int kTileCols = 8;       // columns a thread: one group of eight, one Philox call a row
-constexpr int kTilesPerBlock = 4;  // tiles of a block's rows: u staged once for them, a's columns reread from L1
+constexpr int kTilesPerBlock = 8;  // tiles of a block's rows: u staged once for them, a's columns reread from L1
 constexpr int kBlockRows = kTileRows * kTilesPerBlock;
 constexpr int kMaxRank = 256;  // u's rows in shared memory: rank x kBlockRows float32, at most 32 KB
 
@@ -118,6 +122,21 @@ __device__ __forceinline__ void LoadEightRaw(const T* p, uint4 (&raw)[kVecsPerEi
   for (int h = 0; h < kVecsPerEight<T>; ++h) {
     const T* q = p + h * kVecElems<T>;
     raw[h] = kCoherent ? __ldcg(reinterpret_cast<const uint4*>(q)) : LoadVec(q);
+  }
+}
+
+// a and b rounded to T, as float32: for 16-bit dtypes one paired conversion
+// (F2FP, a full-rate pipe) instead of two single ones (F2F, quarter rate).
+template <typename T>
+__device__ __forceinline__ void RoundPair(float& a, float& b) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    const __nv_bfloat162 p = __floats2bfloat162_rn(a, b);
+    a = __low2float(p);
+    b = __high2float(p);
+  } else if constexpr (std::is_same_v<T, __half>) {
+    const __half2 p = __floats2half2_rn(a, b);
+    a = __low2float(p);
+    b = __high2float(p);
   }
 }
 
@@ -149,9 +168,9 @@ __device__ __forceinline__ void StoreEight(T* p, const float (&f)[kTileCols]) {
 // A block: kBlockRows rows by kBackwardThreads * kTileCols columns, as
 // kTilesPerBlock tiles of kTileRows rows. Per tile a thread first issues the
 // loads of its x and acc vectors (their latency hidden behind the sums; 16-bit
-// dtypes), then
-// sums u a for its 8 x 8 elements (rank steps of 64 FMAs, a's 8 columns one
-// 16-byte load a step), then makes each row's mask once for both outputs.
+// dtypes), then sums u a for its 4 x 8 elements (rank steps of 32 FMAs, a's 8
+// columns one 16-byte load a step, u's 4 values one shared 16-byte load), then
+// makes each row's mask once for both outputs.
 // cols, every row stride and a's a multiple of 8; pointers 16-byte aligned;
 // 0 < rank <= kMaxRank; dynamic shared memory rank * kBlockRows floats.
 template <typename T>
@@ -199,15 +218,20 @@ __global__ void __launch_bounds__(kBackwardThreads)
 #pragma unroll
         for (int j = 0; j < kTileCols; ++j) sum[row][j] = 0.f;
       }
-      const float4* u_tile = u_rows4 + t * (kTileRows / 4);  // row tile t's 8 values of step k: 2 float4s
+      static_assert(kTileRows % 4 == 0, "a tile's u values of one step are whole float4s");
+      const float4* u_tile = u_rows4 + t * (kTileRows / 4);  // row tile t's values of step k
 #pragma unroll 4
       for (int k = 0; k < rank; ++k) {
         uint4 a_raw[kV];
         LoadEightRaw<T>(a + int64_t{k} * a_stride + c0, a_raw);
         float av[kTileCols];
         UnpackEight<T>(a_raw, av);
-        const float4 lo = u_tile[k * (kBlockRows / 4)], hi = u_tile[k * (kBlockRows / 4) + 1];
-        const float uk[kTileRows] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+        float uk[kTileRows];
+#pragma unroll
+        for (int q = 0; q < kTileRows / 4; ++q) {
+          const float4 v = u_tile[k * (kBlockRows / 4) + q];
+          uk[4 * q] = v.x, uk[4 * q + 1] = v.y, uk[4 * q + 2] = v.z, uk[4 * q + 3] = v.w;
+        }
 #pragma unroll
         for (int row = 0; row < kTileRows; ++row) {
 #pragma unroll
@@ -227,12 +251,24 @@ __global__ void __launch_bounds__(kBackwardThreads)
           UnpackEight<T>(x_raw[slot], xv);
           UnpackEight<T>(acc_raw[slot], g);
           const Philox4 words = DropoutWords(seed, mask, static_cast<uint64_t>(r * cols + c0) >> 3);
+          // Apply's arithmetic (x dropped; the term as the thin product's GEMM would have written it, rounded to
+          // T, then dropped and added to g), its roundings taken two columns at a time.
 #pragma unroll
-          for (int j = 0; j < kTileCols; ++j) {
-            const bool keep = DropoutKeeps(DropoutDraw16(words, j), drop_below);
-            out[j] = Apply<T>(xv[j], 0.f, keep, scale, /*accumulate=*/false);
-            // The term as the thin product's GEMM would have written it (rounded to T), then dropped and added.
-            g[j] = Apply<T>(RoundTo<T>(sum[row][j]), g[j], keep, scale, /*accumulate=*/true);
+          for (int j = 0; j < kTileCols; j += 2) {
+            const bool keep0 = DropoutKeeps(DropoutDraw16(words, j), drop_below);
+            const bool keep1 = DropoutKeeps(DropoutDraw16(words, j + 1), drop_below);
+            float d0 = __fmul_rn(xv[j], scale), d1 = __fmul_rn(xv[j + 1], scale);
+            RoundPair<T>(d0, d1);
+            out[j] = keep0 ? d0 : 0.f;
+            out[j + 1] = keep1 ? d1 : 0.f;
+            float t0 = sum[row][j], t1 = sum[row][j + 1];
+            RoundPair<T>(t0, t1);
+            t0 = __fmul_rn(t0, scale), t1 = __fmul_rn(t1, scale);
+            RoundPair<T>(t0, t1);
+            float s0 = __fadd_rn(g[j], t0), s1 = __fadd_rn(g[j + 1], t1);
+            RoundPair<T>(s0, s1);
+            g[j] = keep0 ? s0 : g[j];
+            g[j + 1] = keep1 ? s1 : g[j + 1];
           }
           StoreEight<T>(dropped + r * dropped_stride + c0, out);
           StoreEight<T>(acc + r * acc_stride + c0, g);
