@@ -16,7 +16,9 @@
 # FILTER: a gtest filter over the CUDA tests (default every FusedOpsCudaTest),
 # e.g. FILTER='FusedOpsCudaTest.*RmsNorm*' after a change to one kernel.
 # SUITE=dropout: the LoRA dropout kernel's tests instead (tests/engine/lora_dropout_test
-# on CUDA, default filter LoraDropout.*).
+# on CUDA, default filter LoraDropout.*), once per dtype of DTYPES (default
+# "bfloat16 float32": the kernels' instantiations differ by dtype; the float16
+# test runs in both).
 # Logs go to $OUT (or /tmp/gpu-sanitize); prints one summary line and exits
 # non-zero when a tool reported an error or the binary is missing.
 set -uo pipefail
@@ -24,8 +26,10 @@ b=${1:-/tmp/b}
 if [ "${SUITE:-fused}" = dropout ]; then
   bin=$b/tests/engine/lora_dropout_test filter=${FILTER:-LoraDropout.*}
   export TRAINERD_TEST_DEVICE=cuda
+  dtypes=${DTYPES:-bfloat16 float32}
 else
   bin=$b/tests/engine/fused_ops_test filter=${FILTER:-FusedOpsCudaTest.*}
+  dtypes=own  # the fused tests run their own dtypes
 fi
 out=${OUT:-/tmp/gpu-sanitize}
 mkdir -p "$out"
@@ -35,19 +39,24 @@ if [ ! -x "$cs" ]; then echo "gpu-sanitize: compute-sanitizer not found (PATH or
 
 export PYTORCH_NO_CUDA_MEMORY_CACHING=1 TRAINERD_FUSED_TEST_QUICK=1
 summary="" failed=0
-for tool in memcheck racecheck synccheck; do
-  only=()
-  [ "$tool" = racecheck ] && only=(--kernel-name kns=trainerd)
-  "$cs" --tool "$tool" "${only[@]}" --error-exitcode 1 "$bin" --gtest_filter="$filter" > "$out/$tool.log" 2>&1
-  rc=$?
-  # The tool's own verdict ("ERROR SUMMARY: n errors"; racecheck: "n hazards").
-  verdict=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/$tool.log" | tail -1 | sed 's/^=* *//')
-  # gtest's totals: "[  PASSED  ] 4 tests." -> "4 passed".
-  tests=$(grep -oE '^\[ +(PASSED|FAILED|SKIPPED) +\] [0-9]+ tests?' "$out/$tool.log" |
-    sed -E 's/^\[ +([A-Z]+) +\] ([0-9]+).*/\2 \1/' | tr 'A-Z' 'a-z' | paste -sd, - | sed 's/,/, /g')
-  # A run in which no CUDA test passed (skipped: no kernels built) proves nothing.
-  if [ $rc -ne 0 ] || ! grep -qE '^\[ +PASSED +\] [1-9]' "$out/$tool.log"; then failed=1; fi
-  summary+="$tool rc=$rc (${verdict:-no summary}; tests: ${tests:-none ran}), "
+for dtype in $dtypes; do
+  tag=
+  if [ "$dtype" != own ]; then export TRAINERD_TEST_DTYPE=$dtype; tag=" $dtype"; fi
+  for tool in memcheck racecheck synccheck; do
+    only=()
+    [ "$tool" = racecheck ] && only=(--kernel-name kns=trainerd)
+    log=$out/$tool${tag:+-$dtype}.log
+    "$cs" --tool "$tool" "${only[@]}" --error-exitcode 1 "$bin" --gtest_filter="$filter" > "$log" 2>&1
+    rc=$?
+    # The tool's own verdict ("ERROR SUMMARY: n errors"; racecheck: "n hazards").
+    verdict=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -1 | sed 's/^=* *//')
+    # gtest's totals: "[  PASSED  ] 4 tests." -> "4 passed".
+    tests=$(grep -oE '^\[ +(PASSED|FAILED|SKIPPED) +\] [0-9]+ tests?' "$log" |
+      sed -E 's/^\[ +([A-Z]+) +\] ([0-9]+).*/\2 \1/' | tr 'A-Z' 'a-z' | paste -sd, - | sed 's/,/, /g')
+    # A run in which no CUDA test passed (skipped: no kernels built) proves nothing.
+    if [ $rc -ne 0 ] || ! grep -qE '^\[ +PASSED +\] [1-9]' "$log"; then failed=1; fi
+    summary+="$tool$tag rc=$rc (${verdict:-no summary}; tests: ${tests:-none ran}), "
+  done
 done
 echo "gpu-sanitize: ${summary%, } -- logs in $out"
 exit $failed
