@@ -101,10 +101,17 @@ std::vector<std::vector<const TokenExample*>> EvaluationBatches(const TokenDatas
     return a->input_ids.size() > b->input_ids.size();
   });
   std::vector<std::vector<const TokenExample*>> batches;
-  for (size_t start = 0; start < order.size(); start += static_cast<size_t>(batch_size)) {
-    const size_t end = std::min(order.size(), start + static_cast<size_t>(batch_size));
+  if (order.empty()) return batches;
+  // A batch's padded tokens are its count times its first (longest) example's length.
+  const size_t budget = static_cast<size_t>(batch_size) * std::max<size_t>(1, order.front()->input_ids.size());
+  const size_t max_rows = std::max<size_t>(static_cast<size_t>(batch_size), kMaxEvaluationRows);
+  for (size_t start = 0; start < order.size();) {
+    const size_t longest = std::max<size_t>(1, order[start]->input_ids.size());
+    const size_t rows = std::min(max_rows, std::max<size_t>(1, budget / longest));
+    const size_t end = std::min(order.size(), start + rows);
     batches.emplace_back(order.begin() + static_cast<std::ptrdiff_t>(start),
                          order.begin() + static_cast<std::ptrdiff_t>(end));
+    start = end;
   }
   return batches;
 }

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <memory>
 #include <string>
 #include <vector>
@@ -36,12 +37,19 @@ struct EvalResult {
 // in eval mode (no dropout) and no gradients.
 EvalResult Evaluate(LlamaModel& model, const TokenDataset& data, int64_t batch_size);
 
-// Evaluation's micro-batches of at most `batch_size` (> 0) examples: every
-// example once, longest first (ties in file order), so that a batch pads its
-// rows to lengths close to their own (in file order, a set of mixed lengths
-// pads most rows to its batch's longest) and the largest batch, the memory
-// peak, comes first. The loss is a sum over tokens: the order changes only
-// its rounding.
+// Evaluation's micro-batches: every example once, longest first (ties in file
+// order), so that a batch pads its rows to lengths close to their own. The
+// first batch holds `batch_size` (> 0) examples at the set's longest length
+// L: the memory peak, first, and what training's micro-batch already holds.
+// Every later batch takes as many of the next examples as its padded tokens
+// allow within that first batch's batch_size * L (at least one), so short
+// examples are not evaluated a few at a time: n rows of length l <= L with
+// n * l <= batch_size * L also keep attention's n * l * l within the first
+// batch's. A batch holds at most max(batch_size, kMaxEvaluationRows) rows:
+// an attention kernel may put rows x heads on one grid dimension (65,535 at
+// most), under that at 256 rows for up to 255 heads. The loss is a sum over
+// tokens: the batching changes only its rounding.
+inline constexpr size_t kMaxEvaluationRows = 256;
 std::vector<std::vector<const TokenExample*>> EvaluationBatches(const TokenDataset& data, int64_t batch_size);
 
 // Optimizer steps the job runs: training.max_steps when set, else

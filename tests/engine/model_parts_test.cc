@@ -1,5 +1,6 @@
 // The model's parts on their own: attention paths agree, PEFT's LoRA
 // initialisation, how many steps a job runs, and how evaluation batches.
+#include <algorithm>
 #include <cmath>
 
 #include "engine/llama_model.h"
@@ -118,20 +119,28 @@ TEST(TotalSteps, FromEpochsOrMaxSteps) {
   EXPECT_EQ(engine::TotalSteps(t, 16), 7);
 }
 
-TEST(EvaluationBatches, LongestFirstEveryExampleOnce) {
+engine::TokenDataset DatasetOfLengths(const std::vector<int64_t>& lengths) {
   engine::TokenDataset data;
-  for (int64_t n : {3, 10, 5, 7, 1, 5, 9}) {
+  for (int64_t n : lengths) {
     engine::TokenExample e;
     e.input_ids.assign(static_cast<size_t>(n), n);
     e.labels = e.input_ids;
     data.examples.push_back(e);
   }
+  return data;
+}
+
+TEST(EvaluationBatches, LongestFirstEveryExampleOnce) {
+  const engine::TokenDataset data = DatasetOfLengths({3, 10, 5, 7, 1, 5, 9});
   const auto batches = engine::EvaluationBatches(data, 3);
-  ASSERT_EQ(batches.size(), 3u);
+  // The first batch: 3 examples of at most 10 tokens, 30 padded; the rest, at
+  // most 5 tokens long, fit 30 in one batch of four.
+  ASSERT_EQ(batches.size(), 2u);
+  EXPECT_EQ(batches[0].size(), 3u);
+  EXPECT_EQ(batches[1].size(), 4u);
   std::vector<const engine::TokenExample*> seen;
   std::vector<size_t> lengths;
   for (const auto& batch : batches) {
-    EXPECT_LE(batch.size(), 3u);
     for (const engine::TokenExample* e : batch) {
       seen.push_back(e);
       lengths.push_back(e->input_ids.size());
@@ -144,13 +153,51 @@ TEST(EvaluationBatches, LongestFirstEveryExampleOnce) {
   EXPECT_TRUE(engine::EvaluationBatches(engine::TokenDataset{}, 4).empty());
 }
 
+// Short examples after a long one go many to a batch, within the first
+// batch's padded tokens (2 x 100), and every batch pads to its first row.
+TEST(EvaluationBatches, LaterBatchesFillTheFirstBatchsTokens) {
+  std::vector<int64_t> lengths = {100};
+  for (int i = 0; i < 50; ++i) lengths.push_back(10);
+  lengths.push_back(0);  // an empty example still takes a row
+  lengths.push_back(60);
+  const engine::TokenDataset data = DatasetOfLengths(lengths);
+  const auto batches = engine::EvaluationBatches(data, 2);
+  std::vector<size_t> sizes;
+  size_t examples = 0;
+  for (const auto& batch : batches) {
+    sizes.push_back(batch.size());
+    examples += batch.size();
+    EXPECT_LE(batch.size() * std::max<size_t>(1, batch.front()->input_ids.size()), 200u);
+  }
+  // {100, 60}, then 20, 20 and 10 tens, then the empty one beside them.
+  EXPECT_EQ(sizes, (std::vector<size_t>{2, 20, 20, 11}));
+  EXPECT_EQ(examples, data.examples.size());
+  EXPECT_EQ(batches.back().back()->input_ids.size(), 0u);
+}
+
+// One-token examples after a long one: rows capped at kMaxEvaluationRows,
+// not the 4 x 4096 the tokens would allow.
+TEST(EvaluationBatches, RowsCapped) {
+  std::vector<int64_t> lengths = {4096};
+  for (size_t i = 0; i < 3 * engine::kMaxEvaluationRows; ++i) lengths.push_back(1);
+  const auto batches = engine::EvaluationBatches(DatasetOfLengths(lengths), 4);
+  ASSERT_EQ(batches.size(), 4u);
+  EXPECT_EQ(batches[0].size(), 4u);
+  EXPECT_EQ(batches[1].size(), engine::kMaxEvaluationRows);
+  EXPECT_EQ(batches[2].size(), engine::kMaxEvaluationRows);
+  EXPECT_EQ(batches[3].size(), engine::kMaxEvaluationRows - 3);
+}
+
 // Batching is a matter of speed only: the fixture's ragged eval set gives the
-// same loss and target count one example a batch as four (sorted and padded).
+// same loss and target count in batches of one longest example's tokens as of
+// four (sorted and padded).
 TEST(Evaluate, SameLossWhateverTheBatchSize) {
   auto model = FixtureModel();
   ASSERT_TRUE(model);
   auto data = engine::LoadTokenDataset(Fixture("llama/eval.jsonl"), model->config().vocab_size, 64);
   ASSERT_TRUE(data.ok()) << data.status().message();
+  // The two batchings differ (else the test shows nothing).
+  ASSERT_NE(engine::EvaluationBatches(*data, 1).size(), engine::EvaluationBatches(*data, 4).size());
   const engine::EvalResult one = engine::Evaluate(*model, *data, 1);
   const engine::EvalResult four = engine::Evaluate(*model, *data, 4);
   EXPECT_GT(one.tokens, 0);
