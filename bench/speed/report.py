@@ -147,13 +147,14 @@ def render(versions, ceiling, results):
         t, h, c = (results.get("%s.%s" % (rid, s)) for s, _ in SYSTEMS)
         # A reference measured with other settings than trainerd's (a results folder that mixes runs) is
         # shown but not compared.
-        other = {sid for (sid, _), r in zip(SYSTEMS[1:], (h, c))
-                 if r is not None and t is not None and settings_of(r) != settings_of(t)}
+        settings = {sid: settings_of(r) for (sid, _), r in zip(SYSTEMS, (t, h, c)) if r is not None}
+        other = {sid for sid, _ in SYSTEMS[1:]
+                 if sid in settings and "trainerd" in settings and settings[sid] != settings["trainerd"]}
         for sid, sname in SYSTEMS[1:]:
             if sid in other:
                 warnings.append("%s: %s was measured with %s, trainerd with %s: not compared (run the row again "
-                                "with every system)" % (rid, sname, settings_text(settings_of(results["%s.%s" % (rid, sid)])),
-                                                        settings_text(settings_of(t))))
+                                "with every system)" % (rid, sname, settings_text(settings[sid]),
+                                                        settings_text(settings["trainerd"])))
         chk = checks_for_row(rid, t, None if "hf" in other else h, None if "hf-compile" in other else c)
         all_checks[rid] = chk
         for i, (sid, sname) in enumerate(SYSTEMS):
