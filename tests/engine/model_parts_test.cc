@@ -2,6 +2,7 @@
 // initialisation, how many steps a job runs, and how evaluation batches.
 #include <algorithm>
 #include <cmath>
+#include <random>
 
 #include "engine/llama_model.h"
 #include "engine/lora.h"
@@ -203,6 +204,39 @@ TEST(Evaluate, SameLossWhateverTheBatchSize) {
   EXPECT_GT(one.tokens, 0);
   EXPECT_EQ(one.tokens, four.tokens);
   EXPECT_NEAR(one.loss, four.loss, 1e-5 * one.loss);
+}
+
+// A batch of many padded rows (the 256-row cap: rows of 2-3 tokens, where the
+// first batch's 4 x 240 tokens would allow 320) gives each example's loss as
+// if it ran alone: the token-weighted mean of 301 one-example evaluations.
+TEST(Evaluate, ManyRowBatchesMatchExamplesAlone) {
+  auto model = FixtureModel();
+  ASSERT_TRUE(model);
+  std::mt19937 rng(7);
+  engine::TokenDataset data;
+  for (int i = 0; i < 301; ++i) {
+    engine::TokenExample e;
+    const size_t n = i == 0 ? 240 : 2 + rng() % 2;
+    for (size_t j = 0; j < n; ++j) e.input_ids.push_back(static_cast<int64_t>(rng() % 256));
+    e.labels = e.input_ids;
+    if (i % 3 == 0) e.labels[1] = -100;  // some examples mask a target
+    data.examples.push_back(e);
+  }
+  const auto batches = engine::EvaluationBatches(data, 4);
+  ASSERT_EQ(batches.size(), 3u);
+  EXPECT_EQ(batches[1].size(), engine::kMaxEvaluationRows);
+  const engine::EvalResult together = engine::Evaluate(*model, data, 4);
+  double sum = 0;
+  int64_t tokens = 0;
+  for (const engine::TokenExample& e : data.examples) {
+    engine::TokenDataset one;
+    one.examples.push_back(e);
+    const engine::EvalResult alone = engine::Evaluate(*model, one, 1);
+    sum += alone.loss * static_cast<double>(alone.tokens);
+    tokens += alone.tokens;
+  }
+  EXPECT_EQ(together.tokens, tokens);
+  EXPECT_NEAR(together.loss, sum / static_cast<double>(tokens), 1e-5 * together.loss);
 }
 
 std::string ShuffledJob(const std::string& out, int seed, bool shuffle) {
