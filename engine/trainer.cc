@@ -171,8 +171,10 @@ Status Trainer::Resolve(PendingStep& p, Window& w, int64_t first_step, Clock::ti
   e.lr = p.lr;
   e.grad_norm = values[1];
   e.tokens = p.tokens_seen;
-  const double window_s = w.previous.started() ? StepReadback::SecondsBetween(w.previous, p.scalars).value_or(Seconds(w.start))
-                                                : Seconds(w.start);
+  const double measured_s = w.previous.started()
+                                ? StepReadback::SecondsBetween(w.previous, p.scalars).value_or(Seconds(w.start))
+                                : Seconds(w.start);
+  const double window_s = std::max(0.0, measured_s - w.paused_s);
   e.tokens_per_s = window_s > 0 ? static_cast<double>(w.tokens) / window_s : 0;
   e.mfu = peak_flops_ > 0 && window_s > 0 ? w.flops / window_s / peak_flops_ : 0;
   e.elapsed_s = Seconds(start);
@@ -351,6 +353,7 @@ StatusOr<RunResult> Trainer::Run(const RunOptions& options) {
       TRAINERD_RETURN_IF_ERROR(Resolve(pending, window, first_step, start, result, stopping));
       pending = PendingStep{};
     }
+    const auto paused = Clock::now();
     if (eval_due) {
       EvalResult r = Evaluate(model_, *eval_, t.micro_batch_size);
       model_.set_training(true);
@@ -361,6 +364,7 @@ StatusOr<RunResult> Trainer::Run(const RunOptions& options) {
     // A stop raised while this step was being reported also ends the run here.
     stopping = stopping || (options.stop && options.stop->load());
     if ((periodic && !last) || (stopping && !last)) TRAINERD_RETURN_IF_ERROR(Checkpoint(state, result));
+    window.paused_s += Seconds(paused);
     if (stopping && !last) {
       result.stopped = true;
       break;

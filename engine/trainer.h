@@ -90,6 +90,12 @@ class Trainer {
     StepReadback previous;  // not started: the first window, or the CPU
     double loss_sum = 0, flops = 0;
     int64_t targets = 0, tokens = 0;
+    // Seconds of evaluation and checkpointing inside the window, left out of
+    // its tokens/s and MFU: they are training figures. Both start after the
+    // step before them finished (Resolve waits for it) and end synchronised
+    // (the eval loss read, the tensors copied out), so their wall time is
+    // also the device time they take between two steps' events.
+    double paused_s = 0;
   };
 
   const TokenExample& ExampleAt(int64_t cursor);

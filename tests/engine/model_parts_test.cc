@@ -2,6 +2,7 @@
 // initialisation, how many steps a job runs, and how evaluation batches.
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <random>
 
 #include "engine/llama_model.h"
@@ -237,6 +238,46 @@ TEST(Evaluate, ManyRowBatchesMatchExamplesAlone) {
   }
   EXPECT_EQ(together.tokens, tokens);
   EXPECT_NEAR(together.loss, sum / static_cast<double>(tokens), 1e-5 * together.loss);
+}
+
+// tokens/s and MFU are training figures: a run that evaluates a large set
+// after every step reports about the tokens/s of the same run without
+// evaluation (evaluation here takes tens of times a step, so counting it
+// would divide the figure by about that much).
+TEST(Progress, TokensPerSecondLeavesOutEvaluation) {
+  TempDir tmp;
+  const std::string eval = tmp / "eval.jsonl";
+  {
+    std::ofstream out(eval);
+    std::mt19937 rng(3);
+    for (int i = 0; i < 96; ++i) {
+      out << "{\"input_ids\": [";
+      for (int j = 0; j < 128; ++j) out << (j ? ", " : "") << rng() % 256;
+      out << "]}\n";
+    }
+  }
+  auto job = [&](const std::string& out, bool with_eval) {
+    return "model:\n  path: " + Fixture("llama/model") + "\n  dtype: float32\nadapter:\n  r: 2\n"
+           "data:\n  train: " + Fixture("llama/lora_train/train.jsonl") + (with_eval ? "\n  eval: " + eval : "") +
+           "\ntraining:\n  max_steps: 7\n  micro_batch_size: 1\n  log_every: 1\n" +
+           (with_eval ? "  eval_every: 1\n" : "") + "output:\n  dir: " + out + "\ndevice: cpu\n";
+  };
+  auto median_tokens_per_s = [&](const std::string& yaml) {
+    RecordingReporter r;
+    auto result = engine::RunJob(SpecFromYaml(yaml, tmp.path()), {}, r);
+    EXPECT_TRUE(result.ok()) << result.status().message();
+    std::vector<double> rates;  // the first window also times the start
+    for (size_t i = 1; i < r.progress.size(); ++i) rates.push_back(r.progress[i].tokens_per_s);
+    EXPECT_EQ(rates.size(), 6u);
+    std::sort(rates.begin(), rates.end());
+    return std::make_pair(rates.empty() ? 0.0 : rates[rates.size() / 2], r.evals.size());
+  };
+  const auto [plain, no_evals] = median_tokens_per_s(job(tmp / "plain", false));
+  const auto [evaluated, evals] = median_tokens_per_s(job(tmp / "evaluated", true));
+  EXPECT_EQ(no_evals, 0u);
+  EXPECT_EQ(evals, 7u);
+  ASSERT_GT(plain, 0);
+  EXPECT_GT(evaluated, plain / 3) << "tokens/s " << evaluated << " with evaluation, " << plain << " without";
 }
 
 std::string ShuffledJob(const std::string& out, int seed, bool shuffle) {
