@@ -76,13 +76,13 @@ torch::Tensor ForwardBackward(const LlamaModel& model, const std::vector<Batch>&
 
 }  // namespace
 
-EvalResult Evaluate(LlamaModel& model, const TokenDataset& data, int64_t batch_size) {
+EvalResult Evaluate(LlamaModel& model, const TokenDataset& data, int64_t batch_size, int64_t row_tokens) {
   torch::NoGradGuard no_grad;
   const bool was_training = model.training();
   model.set_training(false);
   torch::Tensor sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat32).device(model.device()));
   EvalResult result;
-  for (const std::vector<const TokenExample*>& chunk : EvaluationBatches(data, batch_size)) {
+  for (const std::vector<const TokenExample*>& chunk : EvaluationBatches(data, batch_size, row_tokens)) {
     Batch batch = MakeBatch(chunk, model.device());
     sum.add_(CausalLmLossSum(model, batch));  // read once at the end: no sync per batch
     result.tokens += batch.target_tokens;
@@ -92,8 +92,10 @@ EvalResult Evaluate(LlamaModel& model, const TokenDataset& data, int64_t batch_s
   return result;
 }
 
-std::vector<std::vector<const TokenExample*>> EvaluationBatches(const TokenDataset& data, int64_t batch_size) {
-  TORCH_CHECK(batch_size > 0, "EvaluationBatches: batch_size must be positive, got ", batch_size);
+std::vector<std::vector<const TokenExample*>> EvaluationBatches(const TokenDataset& data, int64_t batch_size,
+                                                               int64_t row_tokens) {
+  TORCH_CHECK(batch_size > 0 && row_tokens >= 0, "EvaluationBatches: batch_size must be positive and row_tokens not "
+              "negative, got ", batch_size, " and ", row_tokens);
   std::vector<const TokenExample*> order;
   order.reserve(data.examples.size());
   for (const TokenExample& e : data.examples) order.push_back(&e);
@@ -103,7 +105,8 @@ std::vector<std::vector<const TokenExample*>> EvaluationBatches(const TokenDatas
   std::vector<std::vector<const TokenExample*>> batches;
   if (order.empty()) return batches;
   // A batch's padded tokens are its count times its first (longest) example's length.
-  const size_t budget = static_cast<size_t>(batch_size) * std::max<size_t>(1, order.front()->input_ids.size());
+  const size_t row = row_tokens > 0 ? static_cast<size_t>(row_tokens) : order.front()->input_ids.size();
+  const size_t budget = static_cast<size_t>(batch_size) * std::max<size_t>(1, row);
   const size_t max_rows = std::max<size_t>(static_cast<size_t>(batch_size), kMaxEvaluationRows);
   for (size_t start = 0; start < order.size();) {
     const size_t longest = std::max<size_t>(1, order[start]->input_ids.size());
@@ -127,6 +130,9 @@ Trainer::Trainer(const JobSpec& spec, LlamaModel& model, NamedTensors trainable,
     : spec_(spec), model_(model), trainable_(std::move(trainable)), train_(train), eval_(eval), reporter_(reporter) {
   const auto& t = spec_.training;
   total_steps_ = TotalSteps(t, static_cast<int64_t>(train_.examples.size()));
+  for (const TokenExample& e : train_.examples) {
+    longest_train_ = std::max(longest_train_, static_cast<int64_t>(e.input_ids.size()));
+  }
   std::vector<torch::Tensor> decay, no_decay;
   for (const auto& [name, tensor] : trainable_) (DecaysWeight(name) ? decay : no_decay).push_back(tensor);
   auto options = [&](double wd) {
@@ -355,7 +361,7 @@ StatusOr<RunResult> Trainer::Run(const RunOptions& options) {
     }
     const auto paused = Clock::now();
     if (eval_due) {
-      EvalResult r = Evaluate(model_, *eval_, t.micro_batch_size);
+      EvalResult r = Evaluate(model_, *eval_, t.micro_batch_size, longest_train_);
       model_.set_training(true);
       result.eval_loss = r.loss;
       result.eval_tokens = r.tokens;

@@ -35,22 +35,26 @@ struct EvalResult {
 
 // Mean token loss of a data set, batched by EvaluationBatches, with the model
 // in eval mode (no dropout) and no gradients.
-EvalResult Evaluate(LlamaModel& model, const TokenDataset& data, int64_t batch_size);
+EvalResult Evaluate(LlamaModel& model, const TokenDataset& data, int64_t batch_size, int64_t row_tokens = 0);
 
 // Evaluation's micro-batches: every example once, longest first (ties in file
-// order), so that a batch pads its rows to lengths close to their own. The
-// first batch holds `batch_size` (> 0) examples at the set's longest length
-// L: the memory peak, first, and what training's micro-batch already holds.
-// Every later batch takes as many of the next examples as its padded tokens
-// allow within that first batch's batch_size * L (at least one), so short
-// examples are not evaluated a few at a time: n rows of length l <= L with
-// n * l <= batch_size * L also keep attention's n * l * l within the first
-// batch's. A batch holds at most max(batch_size, kMaxEvaluationRows) rows:
-// an attention kernel may put rows x heads on one grid dimension (65,535 at
-// most), under that at 256 rows for up to 255 heads. The loss is a sum over
-// tokens: the batching changes only its rounding.
+// order), so that a batch pads its rows to lengths close to their own. A
+// batch's padded tokens (its rows times its first, longest row's length) stay
+// within batch_size (> 0) rows of row_tokens: what a training micro-batch of
+// that size holds at that length (the trainer passes its longest training
+// example, the length `micro_batch_size: auto` sized the micro-batch for);
+// row_tokens 0 takes the set's own longest, so that the first batch holds
+// batch_size examples. A row longer than that budget goes alone. So short
+// examples are not evaluated a few at a time, and the memory peak is the
+// first batch: n rows of length l with n * l within the budget also keep
+// attention's n * l * l within the budget times the longest row. A batch
+// holds at most max(batch_size, kMaxEvaluationRows) rows: an attention kernel
+// may put rows x heads on one grid dimension (65,535 at most), under that at
+// 256 rows for up to 255 heads. The loss is a sum over tokens: the batching
+// changes only its rounding.
 inline constexpr size_t kMaxEvaluationRows = 256;
-std::vector<std::vector<const TokenExample*>> EvaluationBatches(const TokenDataset& data, int64_t batch_size);
+std::vector<std::vector<const TokenExample*>> EvaluationBatches(const TokenDataset& data, int64_t batch_size,
+                                                               int64_t row_tokens = 0);
 
 // Optimizer steps the job runs: training.max_steps when set, else
 // ceil(epochs * examples / examples_per_step).
@@ -110,6 +114,7 @@ class Trainer {
   NamedTensors trainable_;
   const TokenDataset& train_;
   const TokenDataset* eval_;
+  int64_t longest_train_ = 0;  // tokens of the longest training example: evaluation's row length
   Reporter& reporter_;
   std::unique_ptr<torch::optim::AdamW> optimizer_;
   int64_t total_steps_ = 0;

@@ -177,6 +177,21 @@ TEST(EvaluationBatches, LaterBatchesFillTheFirstBatchsTokens) {
   EXPECT_EQ(batches.back().back()->input_ids.size(), 0u);
 }
 
+// With the training's row length given (the trainer passes its longest
+// example), batches hold what a training micro-batch holds in tokens: eval
+// rows longer than the budget's share go alone or fewer to a batch, shorter
+// ones more.
+TEST(EvaluationBatches, WithinTheTrainingMicroBatchsTokens) {
+  std::vector<int64_t> lengths = {40, 30};
+  for (int i = 0; i < 20; ++i) lengths.push_back(10);
+  const auto batches = engine::EvaluationBatches(DatasetOfLengths(lengths), 2, 20);  // 40 tokens a batch
+  std::vector<size_t> sizes;
+  for (const auto& batch : batches) sizes.push_back(batch.size());
+  EXPECT_EQ(sizes, (std::vector<size_t>{1, 1, 4, 4, 4, 4, 4}));
+  // Training rows longer than the eval set's: its one batch of 8 (80 tokens allowed).
+  EXPECT_EQ(engine::EvaluationBatches(DatasetOfLengths(std::vector<int64_t>(8, 10)), 2, 40).size(), 1u);
+}
+
 // One-token examples after a long one: rows capped at kMaxEvaluationRows,
 // not the 4 x 4096 the tokens would allow.
 TEST(EvaluationBatches, RowsCapped) {
