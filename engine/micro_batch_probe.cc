@@ -37,10 +37,7 @@ StatusOr<MicroBatchChoice> FindMicroBatchSize(LlamaModel& model, const TokenData
     return choice;
   }
   if (train.examples.empty()) return Status::Error("micro_batch_size: auto: the training set is empty");
-  const TokenExample* longest = &train.examples.front();
-  for (const TokenExample& ex : train.examples) {
-    if (ex.input_ids.size() > longest->input_ids.size()) longest = &ex;
-  }
+  const TokenExample* longest = train.Longest();
   const int64_t total = TotalMemoryBytes(device);
   const int64_t limit = total / 10 * 9;
   const int64_t cap = std::min<int64_t>(kMaxAutoMicroBatch, static_cast<int64_t>(train.examples.size()));

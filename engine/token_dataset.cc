@@ -24,6 +24,14 @@ TokenDataset::TokenCounts TokenDataset::CountTokens() const {
   return counts;
 }
 
+const TokenExample* TokenDataset::Longest() const {
+  const TokenExample* longest = nullptr;
+  for (const TokenExample& ex : examples) {
+    if (!longest || ex.input_ids.size() > longest->input_ids.size()) longest = &ex;
+  }
+  return longest;
+}
+
 void TokenDataset::Add(TokenExample ex, int64_t max_seq_len) {
   if (static_cast<int64_t>(ex.input_ids.size()) > max_seq_len) {
     ex.input_ids.resize(max_seq_len);

@@ -40,6 +40,10 @@ struct TokenDataset {
   };
   TokenCounts CountTokens() const;
 
+  // The example with the most input tokens (the first of equals); nullptr
+  // when there is none.
+  const TokenExample* Longest() const;
+
   // Adds one example: truncated to max_seq_len (counted), or dropped (counted)
   // when nothing is left to train. Every data format goes through here.
   void Add(TokenExample example, int64_t max_seq_len);

@@ -130,8 +130,8 @@ Trainer::Trainer(const JobSpec& spec, LlamaModel& model, NamedTensors trainable,
     : spec_(spec), model_(model), trainable_(std::move(trainable)), train_(train), eval_(eval), reporter_(reporter) {
   const auto& t = spec_.training;
   total_steps_ = TotalSteps(t, static_cast<int64_t>(train_.examples.size()));
-  for (const TokenExample& e : train_.examples) {
-    longest_train_ = std::max(longest_train_, static_cast<int64_t>(e.input_ids.size()));
+  if (const TokenExample* longest = train_.Longest()) {
+    longest_train_ = static_cast<int64_t>(longest->input_ids.size());  // the example auto's probe sized for
   }
   std::vector<torch::Tensor> decay, no_decay;
   for (const auto& [name, tensor] : trainable_) (DecaysWeight(name) ? decay : no_decay).push_back(tensor);

@@ -89,6 +89,9 @@ TEST_F(TokenDatasetTest, LongExamplesAreTruncatedAndCounted) {
   EXPECT_EQ(data->examples[0].input_ids, (Ids{1, 2, 3, 4}));
   EXPECT_EQ(data->examples[0].labels, (Ids{-100, 2, 3, 4}));
   EXPECT_EQ(data->examples[1].input_ids, (Ids{7, 8, 9, 10}));  // exactly max_seq_len: kept whole
+  // The longest after truncation, the first of equals; none in an empty set.
+  EXPECT_EQ(data->Longest(), &data->examples[0]);
+  EXPECT_EQ(TokenDataset{}.Longest(), nullptr);
 }
 
 TEST_F(TokenDatasetTest, ExampleWhoseTargetsAreAllTruncatedAwayIsDropped) {
