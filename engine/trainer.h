@@ -45,8 +45,8 @@ EvalResult Evaluate(LlamaModel& model, const TokenDataset& data, int64_t batch_s
 // example, the length `micro_batch_size: auto` sized the micro-batch for);
 // row_tokens 0 takes the set's own longest, so that the first batch holds
 // batch_size examples. A row longer than that budget goes alone. So short
-// examples are not evaluated a few at a time, and the memory peak is the
-// first batch: n rows of length l with n * l within the budget also keep
+// examples are not evaluated a few at a time, and no batch asks more memory
+// than the budget: n rows of length l with n * l within it also keep
 // attention's n * l * l within the budget times the longest row. A batch
 // holds at most max(batch_size, kMaxEvaluationRows) rows: an attention kernel
 // may put rows x heads on one grid dimension (65,535 at most), under that at
