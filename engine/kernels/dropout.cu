@@ -51,6 +51,38 @@ __device__ __forceinline__ float Apply(float x, float y, bool keep, float scale,
   return accumulate ? (keep ? ToFloat<T>(FromFloat<T>(y + d)) : y) : d;
 }
 
+// a and b rounded to T, as float32: for 16-bit dtypes one paired conversion
+// (F2FP, a full-rate pipe) instead of two single ones (F2F, quarter rate).
+template <typename T>
+__device__ __forceinline__ void RoundPair(float& a, float& b) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    const __nv_bfloat162 p = __floats2bfloat162_rn(a, b);
+    a = __low2float(p);
+    b = __high2float(p);
+  } else if constexpr (std::is_same_v<T, __half>) {
+    const __half2 p = __floats2half2_rn(a, b);
+    a = __low2float(p);
+    b = __high2float(p);
+  }
+}
+
+// Apply to two elements at once, its roundings paired (RoundPair): the same values.
+template <typename T>
+__device__ __forceinline__ void ApplyPair(const float (&x)[2], float (&y)[2], const bool (&keep)[2], float scale,
+                                          bool accumulate) {
+  float d0 = __fmul_rn(x[0], scale), d1 = __fmul_rn(x[1], scale);
+  RoundPair<T>(d0, d1);
+  if (!accumulate) {
+    y[0] = keep[0] ? d0 : 0.f;
+    y[1] = keep[1] ? d1 : 0.f;
+    return;
+  }
+  float s0 = __fadd_rn(y[0], d0), s1 = __fadd_rn(y[1], d1);
+  RoundPair<T>(s0, s1);
+  y[0] = keep[0] ? s0 : y[0];
+  y[1] = keep[1] ? s1 : y[1];
+}
+
 // cols a multiple of kVecElems<T>, strides too, pointers 16-byte aligned.
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
@@ -68,9 +100,13 @@ __global__ void __launch_bounds__(kThreads)
       const uint64_t e0 = static_cast<uint64_t>(r * cols + int64_t{v} * kN);
       const Philox4 words = DropoutWords(seed, mask, e0 >> 3);
 #pragma unroll
-      for (int i = 0; i < kN; ++i) {
-        const bool keep = DropoutKeeps(DropoutDraw16(words, static_cast<int>(e0 & 7) + i), drop_below);
-        out[i] = Apply<T>(in[i], accumulate ? out[i] : 0.f, keep, scale, accumulate);
+      for (int i = 0; i < kN; i += 2) {
+        const bool keep[2] = {DropoutKeeps(DropoutDraw16(words, static_cast<int>(e0 & 7) + i), drop_below),
+                              DropoutKeeps(DropoutDraw16(words, static_cast<int>(e0 & 7) + i + 1), drop_below)};
+        const float pair_in[2] = {in[i], in[i + 1]};
+        float pair_out[2] = {accumulate ? out[i] : 0.f, accumulate ? out[i + 1] : 0.f};
+        ApplyPair<T>(pair_in, pair_out, keep, scale, accumulate);
+        out[i] = pair_out[0], out[i + 1] = pair_out[1];
       }
       StoreFloats<T, kN>(out_p, out);
     }
@@ -122,21 +158,6 @@ __device__ __forceinline__ void LoadEightRaw(const T* p, uint4 (&raw)[kVecsPerEi
   for (int h = 0; h < kVecsPerEight<T>; ++h) {
     const T* q = p + h * kVecElems<T>;
     raw[h] = kCoherent ? __ldcg(reinterpret_cast<const uint4*>(q)) : LoadVec(q);
-  }
-}
-
-// a and b rounded to T, as float32: for 16-bit dtypes one paired conversion
-// (F2FP, a full-rate pipe) instead of two single ones (F2F, quarter rate).
-template <typename T>
-__device__ __forceinline__ void RoundPair(float& a, float& b) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    const __nv_bfloat162 p = __floats2bfloat162_rn(a, b);
-    a = __low2float(p);
-    b = __high2float(p);
-  } else if constexpr (std::is_same_v<T, __half>) {
-    const __half2 p = __floats2half2_rn(a, b);
-    a = __low2float(p);
-    b = __high2float(p);
   }
 }
 
@@ -251,24 +272,21 @@ __global__ void __launch_bounds__(kBackwardThreads)
           UnpackEight<T>(x_raw[slot], xv);
           UnpackEight<T>(acc_raw[slot], g);
           const Philox4 words = DropoutWords(seed, mask, static_cast<uint64_t>(r * cols + c0) >> 3);
-          // Apply's arithmetic (x dropped; the term as the thin product's GEMM would have written it, rounded to
-          // T, then dropped and added to g), its roundings taken two columns at a time.
+          // x dropped; the term as the thin product's GEMM would have written it (rounded to T), dropped and
+          // added to g; two columns at a time.
 #pragma unroll
           for (int j = 0; j < kTileCols; j += 2) {
-            const bool keep0 = DropoutKeeps(DropoutDraw16(words, j), drop_below);
-            const bool keep1 = DropoutKeeps(DropoutDraw16(words, j + 1), drop_below);
-            float d0 = __fmul_rn(xv[j], scale), d1 = __fmul_rn(xv[j + 1], scale);
-            RoundPair<T>(d0, d1);
-            out[j] = keep0 ? d0 : 0.f;
-            out[j + 1] = keep1 ? d1 : 0.f;
-            float t0 = sum[row][j], t1 = sum[row][j + 1];
-            RoundPair<T>(t0, t1);
-            t0 = __fmul_rn(t0, scale), t1 = __fmul_rn(t1, scale);
-            RoundPair<T>(t0, t1);
-            float s0 = __fadd_rn(g[j], t0), s1 = __fadd_rn(g[j + 1], t1);
-            RoundPair<T>(s0, s1);
-            g[j] = keep0 ? s0 : g[j];
-            g[j + 1] = keep1 ? s1 : g[j + 1];
+            const bool keep[2] = {DropoutKeeps(DropoutDraw16(words, j), drop_below),
+                                  DropoutKeeps(DropoutDraw16(words, j + 1), drop_below)};
+            const float pair_x[2] = {xv[j], xv[j + 1]};
+            float pair_out[2] = {0.f, 0.f};
+            ApplyPair<T>(pair_x, pair_out, keep, scale, /*accumulate=*/false);
+            out[j] = pair_out[0], out[j + 1] = pair_out[1];
+            float term[2] = {sum[row][j], sum[row][j + 1]};
+            RoundPair<T>(term[0], term[1]);
+            float pair_g[2] = {g[j], g[j + 1]};
+            ApplyPair<T>(term, pair_g, keep, scale, /*accumulate=*/true);
+            g[j] = pair_g[0], g[j + 1] = pair_g[1];
           }
           StoreEight<T>(dropped + r * dropped_stride + c0, out);
           StoreEight<T>(acc + r * acc_stride + c0, g);
