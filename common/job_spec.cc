@@ -356,56 +356,60 @@ class SpecParser {
   }
 
   // A required key is reported at its section's line when the section is there.
-  Status Missing(const std::string& key, const std::string& why) const {
+  std::string Missing(const std::string& key, const std::string& why) const {
     const int line = reader_.LineOf(key.substr(0, key.find('.')));
     const std::string where = line == 0 ? spec_.source + ": "
                                         : spec_.source + ":" + std::to_string(line) + ": ";
-    return Status::Error(where + "missing required key '" + key + "' (" + why + ")");
+    return where + "missing required key '" + key + "' (" + why + ")";
   }
 
+  // Every missing key and conflict, one a line (run once the keys read without error: a key whose value was
+  // refused would otherwise count as missing too).
   Status CheckRequired() const {
+    std::vector<std::string> errors;
     if (spec_.model.path.empty()) {
-      return Missing("model.path", "the folder of the Hugging Face model to start from");
+      errors.push_back(Missing("model.path", "the folder of the Hugging Face model to start from"));
     }
     if (spec_.task == "finetune" && spec_.data.train.empty()) {
-      return Missing("data.train", "task finetune needs training data");
+      errors.push_back(Missing("data.train", "task finetune needs training data"));
     }
     if (spec_.task == "eval" && spec_.data.eval.empty()) {
-      return Missing("data.eval", "task eval needs evaluation data");
+      errors.push_back(Missing("data.eval", "task eval needs evaluation data"));
     }
     if (spec_.output.dir.empty() && defaults_.output_dir_required) {
-      return Missing("output.dir", "the folder the job writes its results to");
+      errors.push_back(Missing("output.dir", "the folder the job writes its results to"));
     }
     if (spec_.task == "finetune" && spec_.training.eval_every > 0 && spec_.data.eval.empty()) {
-      return Conflict("training.eval_every", "asks for evaluations but data.eval is not set; add data.eval or remove "
-                      "training.eval_every");
+      errors.push_back(Conflict("training.eval_every", "asks for evaluations but data.eval is not set; add "
+                                "data.eval or remove training.eval_every"));
     }
     if (spec_.data.train_on_prompt && spec_.data.format == "tokens") {
-      return Conflict("data.train_on_prompt", "has no effect on data.format tokens, whose labels say what is "
-                      "trained; remove it, or set data.format to completion, chat or auto");
+      errors.push_back(Conflict("data.train_on_prompt", "has no effect on data.format tokens, whose labels say "
+                                "what is trained; remove it, or set data.format to completion, chat or auto"));
     }
     if (spec_.data.chat_template != "auto" && spec_.data.format != "chat" && spec_.data.format != "auto") {
-      return Conflict("data.chat_template", "only applies to chat data; set data.format to chat or auto, or "
-                      "remove data.chat_template");
+      errors.push_back(Conflict("data.chat_template", "only applies to chat data; set data.format to chat or "
+                                "auto, or remove data.chat_template"));
     }
     if (spec_.training.gradient_checkpointing_layers > 0 && !spec_.training.gradient_checkpointing) {
-      return Conflict("training.gradient_checkpointing_layers", "says how many layers to recompute, but "
-                      "training.gradient_checkpointing is off; set it to true, or remove "
-                      "training.gradient_checkpointing_layers");
+      errors.push_back(Conflict("training.gradient_checkpointing_layers", "says how many layers to recompute, "
+                                "but training.gradient_checkpointing is off; set it to true, or remove "
+                                "training.gradient_checkpointing_layers"));
     }
     if (spec_.output.merge && !spec_.adapter) {
-      return Conflict("output.merge", "merges an adapter into the model, but the job has no adapter (full "
-                      "fine-tuning writes output.dir/model already); remove output.merge");
+      errors.push_back(Conflict("output.merge", "merges an adapter into the model, but the job has no adapter "
+                                "(full fine-tuning writes output.dir/model already); remove output.merge"));
     }
-    return Status::Ok();
+    if (errors.empty()) return Status::Ok();
+    return Status::Error(yaml::Join(errors, "\n"));
   }
 
   // Two keys that cannot go together, reported at the first one's line.
-  Status Conflict(const std::string& key, const std::string& why) const {
+  std::string Conflict(const std::string& key, const std::string& why) const {
     const int line = reader_.LineOf(key);
     const std::string where =
         line == 0 ? spec_.source + ": " : spec_.source + ":" + std::to_string(line) + ": ";
-    return Status::Error(where + key + ": " + why);
+    return where + key + ": " + why;
   }
 
   JobSpec spec_;

@@ -2,7 +2,9 @@
 //
 // ParseJobSpecFile/ParseJobSpecText turn a spec into a validated JobSpec or a
 // Status whose message names the file, line and dotted key
-// ("job.yaml:7: training.learning_rate: expected a number, got 'fast'").
+// ("job.yaml:7: training.learning_rate: expected a number, got 'fast'"): every
+// key's error, one a line; once the keys read cleanly, every missing key and
+// conflict between keys the same way.
 // docs/job-spec.md documents every key for users; keep the two in step.
 //
 // Torch-free and yaml-cpp-free: plain structs, so that the engine (LibTorch),

@@ -8,6 +8,9 @@
 #include <cstring>
 #include <filesystem>
 #include <utility>
+#include <vector>
+
+#include "common/yaml_reader.h"
 
 namespace trainerd {
 namespace {
@@ -35,32 +38,32 @@ std::string CheckReadableFile(const std::string& path) {
 
 Status CheckSpecFiles(const JobSpec& spec) {
   const std::string& src = spec.source;
-  {
-    std::error_code ec;
-    if (!fs::is_directory(spec.model.path, ec)) {
-      std::string why = ec ? ec.message()
-                           : (fs::exists(spec.model.path, ec) ? "not a folder" : "no such folder");
-      return Status::Error(src + ": model.path: " + spec.model.path + ": " + why +
-                           "; point it at a Hugging Face model folder (one with config.json) "
-                           "that trainerd can read");
-    }
+  std::vector<std::string> errors;
+  std::error_code ec;
+  if (!fs::is_directory(spec.model.path, ec)) {
+    const std::string why = ec ? ec.message()
+                               : (fs::exists(spec.model.path, ec) ? "not a folder" : "no such folder");
+    errors.push_back(src + ": model.path: " + spec.model.path + ": " + why +
+                     "; point it at a Hugging Face model folder (one with config.json) that trainerd can read");
+  } else {
     const std::string config = (fs::path(spec.model.path) / "config.json").string();
-    std::string why = CheckReadableFile(config);
+    const std::string why = CheckReadableFile(config);
     if (!why.empty()) {
-      return Status::Error(src + ": model.path: " + config + ": " + why +
-                           "; a Hugging Face model folder holds config.json, readable by trainerd");
+      errors.push_back(src + ": model.path: " + config + ": " + why +
+                       "; a Hugging Face model folder holds config.json, readable by trainerd");
     }
   }
   for (const auto& [key, path] : {std::pair<const char*, const std::string&>{"data.train", spec.data.train},
                                   std::pair<const char*, const std::string&>{"data.eval", spec.data.eval}}) {
     if (path.empty()) continue;
-    std::string why = CheckReadableFile(path);
+    const std::string why = CheckReadableFile(path);
     if (!why.empty()) {
-      return Status::Error(src + ": " + key + ": " + path + ": " + why +
-                           "; give a data file that exists and that trainerd can read");
+      errors.push_back(src + ": " + key + ": " + path + ": " + why +
+                       "; give a data file that exists and that trainerd can read");
     }
   }
-  return Status::Ok();
+  if (errors.empty()) return Status::Ok();
+  return Status::Error(yaml::Join(errors, "\n"));
 }
 
 StatusOr<JobSpec> ValidateSubmittedSpec(const std::string& yaml, const std::string& source,

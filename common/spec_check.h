@@ -15,8 +15,8 @@ namespace trainerd {
 
 // The checks the spec parser cannot make: model.path is a folder holding a
 // readable config.json, data.train and data.eval (when set) are readable
-// regular files. The error names the spec's source, the key, the path and
-// what to do.
+// regular files. Each error names the spec's source, the key, the path and
+// what to do; all of them come back, one a line.
 Status CheckSpecFiles(const JobSpec& spec);
 
 // Parses `yaml` as a job submitted to trainerd (output.dir optional: the

@@ -276,6 +276,12 @@ std::string Schema::Suggest(const std::string& unknown) const {
 
 Status MapReader::Read(const YAML::Node& map, const std::string& prefix, const Handler& on_section,
                        const Handler& on_key) {
+  // Every entry is read, whatever the ones before it did: the errors come back together, one a line, in the
+  // document's order, so that one run names all that is wrong with a file.
+  std::vector<std::string> errors;
+  auto note = [&errors](const Status& s) {
+    if (!s.ok()) errors.push_back(s.message());
+  };
   // Entries are copied: yaml-cpp's iterator hands out a temporary pair.
   // Duplicate keys stay separate entries, so they can be reported.
   for (const YAML::const_iterator::value_type entry : map) {
@@ -283,23 +289,26 @@ Status MapReader::Read(const YAML::Node& map, const std::string& prefix, const H
     const YAML::Node value = entry.second;
     const std::string where = Where(source_, key_node.Mark());
     if (!key_node.IsScalar() || key_node.Scalar().empty()) {
-      return Status::Error(where + "keys are plain names, got " + Describe(key_node));
+      errors.push_back(where + "keys are plain names, got " + Describe(key_node));
+      continue;
     }
     const std::string& name = key_node.Scalar();
     const std::string key = prefix.empty() ? name : prefix + "." + name;
     // In a flat file (no sections) a dotted name is just an unknown key.
     if (!schema_->sections.empty() && name.find('.') != std::string::npos) {
-      return Status::Error(where + "key '" + key +
-                           "': write keys nested, one level per section, not dotted "
-                           "(e.g. 'training:' then an indented 'learning_rate:')");
+      errors.push_back(where + "key '" + key +
+                       "': write keys nested, one level per section, not dotted "
+                       "(e.g. 'training:' then an indented 'learning_rate:')");
+      continue;
     }
     const auto [seen, inserted] = lines_.emplace(key, key_node.Mark().line + 1);
     if (!inserted) {
-      return Status::Error(where + "duplicate key '" + key + "' (first set on line " +
-                           std::to_string(seen->second) + ")");
+      errors.push_back(where + "duplicate key '" + key + "' (first set on line " + std::to_string(seen->second) +
+                       ")");
+      continue;
     }
     if (prefix.empty() && schema_->IsSection(name)) {
-      TRAINERD_RETURN_IF_ERROR(on_section(Value(value, name, source_, key_node.Mark())));
+      note(on_section(Value(value, name, source_, key_node.Mark())));
       continue;
     }
     if (!schema_->IsKey(key)) {
@@ -311,14 +320,17 @@ Status MapReader::Read(const YAML::Node& map, const std::string& prefix, const H
         message += "; " + (prefix.empty() ? std::string("the top level") : prefix) +
                    " takes: " + Join(schema_->KeysUnder(prefix), ", ");
       }
-      return Status::Error(message);
+      errors.push_back(message);
+      continue;
     }
     if (value.IsNull()) {
-      return Status::Error(where + key + ": has no value; remove the key to use the default");
+      errors.push_back(where + key + ": has no value; remove the key to use the default");
+      continue;
     }
-    TRAINERD_RETURN_IF_ERROR(on_key(Value(value, key, source_, key_node.Mark())));
+    note(on_key(Value(value, key, source_, key_node.Mark())));
   }
-  return Status::Ok();
+  if (errors.empty()) return Status::Ok();
+  return Status::Error(Join(errors, "\n"));
 }
 
 int MapReader::LineOf(const std::string& key) const {

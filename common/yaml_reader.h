@@ -130,7 +130,9 @@ class MapReader {
   // Reads the entries of `map`: the root (prefix "") or a section ("training").
   // A section at the root goes to on_section with its name as key (its node may
   // be null: "adapter:" alone); a known key goes to on_key with its dotted name
-  // and a non-null node. Handlers' errors are returned as they are.
+  // and a non-null node. An entry's error does not stop the others: the result
+  // holds every error, the handlers' as they are, one a line in the document's
+  // order.
   Status Read(const YAML::Node& map, const std::string& prefix, const Handler& on_section,
               const Handler& on_key);
 

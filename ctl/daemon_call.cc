@@ -2,13 +2,14 @@
 
 #include <cstdio>
 
+#include "common/error_lines.h"
 #include "ctl/exit_codes.h"
 
 namespace trainerd::ctl {
 
 int ReportError(int exit_code, const std::string& message) {
   std::fflush(stdout);  // keep what was printed before the error in order on a shared terminal
-  std::fprintf(stderr, "trainctl: error: %s\n", message.c_str());
+  PrintErrorLines("trainctl: error: ", message);
   return exit_code;
 }
 

@@ -13,7 +13,8 @@
 
 namespace trainerd::ctl {
 
-// Prints "trainctl: error: MESSAGE" on stderr and returns `exit_code`.
+// Prints "trainctl: error: MESSAGE" on stderr, a line for each line of MESSAGE
+// (a spec's errors come one a line), and returns `exit_code`.
 int ReportError(int exit_code, const std::string& message);
 
 // The exit status for an error code in a Reply: BAD_REQUEST → kExitRejected,

@@ -39,6 +39,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/error_lines.h"
 #include "common/job_spec.h"
 #include "engine/engine.h"
 #include "engine/parallel_map.h"
@@ -211,7 +212,7 @@ int Run(const RunArgs& args) {
   std::optional<trainerd::worker::EventReporter> events;
   if (args.events_fd >= 0) events.emplace(args.events_fd);
   auto fail = [&events](const std::string& message) {
-    std::fprintf(stderr, "error: %s\n", message.c_str());
+    trainerd::PrintErrorLines("error: ", message);
     if (events) events->Finish(/*stopped=*/false, /*output_path=*/"", /*eval_loss=*/0, message);
     return kExitFailed;
   };
@@ -500,14 +501,14 @@ int main(int argc, char** argv) {
     }
     auto spec = trainerd::ParseJobSpecFile(spec_path);
     if (!spec.ok()) {
-      std::fprintf(stderr, "error: %s\n", spec.status().message().c_str());
+      trainerd::PrintErrorLines("error: ", spec.status().message());
       return kExitFailed;
     }
     trainerd::worker::PreviewStyle style;
     style.color = isatty(STDOUT_FILENO) && std::getenv("NO_COLOR") == nullptr;
     trainerd::Status s = trainerd::worker::RunPreview(*spec, n, style, std::cout);
     if (!s.ok()) {
-      std::fprintf(stderr, "error: %s\n", s.message().c_str());
+      trainerd::PrintErrorLines("error: ", s.message());
       return kExitFailed;
     }
     return 0;

@@ -9,7 +9,9 @@
 #include <initializer_list>
 #include <limits>
 #include <ostream>
+#include <sstream>
 #include <string>
+#include <vector>
 
 namespace trainerd {
 namespace {
@@ -658,6 +660,52 @@ TEST(JobSpecTest, TargetModulesMustBeAListOrAllLinear) {
 
 namespace trainerd {
 namespace {
+
+// The message's lines, for specs with several errors (one a line).
+std::vector<std::string> Lines(const std::string& message) {
+  std::vector<std::string> lines;
+  std::istringstream in(message);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+TEST(JobSpecErrorsTest, EveryKeysErrorComesBackOneALineInTheFilesOrder) {
+  const StatusOr<JobSpec> spec = Parse(std::string(kMinimal) +
+                                       "training:\n"
+                                       "  learning_rate: fast\n"   // line 5
+                                       "  epochs: 1\n"
+                                       "  micro_batch_size: abc\n"  // line 7
+                                       "adapter:\n"
+                                       "  rank: 8\n"                // line 9: unknown
+                                       "  alpha: 16\n"
+                                       "device: tpu\n");            // line 11
+  ASSERT_FALSE(spec.ok());
+  const std::vector<std::string> lines = Lines(spec.status().message());
+  ASSERT_EQ(lines.size(), 4u) << spec.status().message();
+  EXPECT_EQ(lines[0].rfind("job.yaml:5: training.learning_rate: expected a number", 0), 0u) << lines[0];
+  EXPECT_EQ(lines[1].rfind("job.yaml:7: training.micro_batch_size:", 0), 0u) << lines[1];
+  EXPECT_EQ(lines[2].rfind("job.yaml:9: unknown key 'adapter.rank'", 0), 0u) << lines[2];
+  EXPECT_EQ(lines[3].rfind("job.yaml:11: device:", 0), 0u) << lines[3];
+}
+
+TEST(JobSpecErrorsTest, EveryMissingKeyAndConflictComesBackOnceTheKeysRead) {
+  const StatusOr<JobSpec> spec = Parse("training: {eval_every: 10}\noutput: {merge: true}\n");
+  ASSERT_FALSE(spec.ok());
+  const std::vector<std::string> lines = Lines(spec.status().message());
+  ASSERT_EQ(lines.size(), 5u) << spec.status().message();
+  EXPECT_NE(lines[0].find("missing required key 'model.path'"), std::string::npos) << lines[0];
+  EXPECT_NE(lines[1].find("missing required key 'data.train'"), std::string::npos) << lines[1];
+  EXPECT_NE(lines[2].find("job.yaml:2: missing required key 'output.dir'"), std::string::npos) << lines[2];
+  EXPECT_NE(lines[3].find("job.yaml:1: training.eval_every: asks for evaluations"), std::string::npos) << lines[3];
+  EXPECT_NE(lines[4].find("job.yaml:2: output.merge: merges an adapter"), std::string::npos) << lines[4];
+}
+
+TEST(JobSpecErrorsTest, AKeyWhoseValueWasRefusedIsNotAlsoReportedMissing) {
+  const StatusOr<JobSpec> spec = Parse("model:\n  path: [a, b]\ndata: {train: t}\noutput: {dir: o}\n");
+  ASSERT_FALSE(spec.ok());
+  EXPECT_EQ(Lines(spec.status().message()).size(), 1u) << spec.status().message();
+  EXPECT_EQ(spec.status().message().find("missing"), std::string::npos) << spec.status().message();
+}
 
 TEST(JobSpecConflictTest, EvalEveryWithoutEvalData) {
   auto spec = ParseJobSpecText(

@@ -886,14 +886,16 @@ TEST_F(TrainctlTest, ValidateAcceptsAGoodSpecWithPathsRelativeToItsFolder) {
   EXPECT_TRUE(handler_.requests().empty());
 }
 
-TEST_F(TrainctlTest, ValidateOfABadSpecExits6NamingTheKeyAndLine) {
-  // training.learning_rate is on line 9 of the file WriteSpec writes.
-  WriteSpec("bad.yaml", "  learning_rate: fast\n");
+TEST_F(TrainctlTest, ValidateOfABadSpecExits6NamingEachKeyAndLineOnALineOfItsOwn) {
+  // training's keys start on line 9 of the file WriteSpec writes.
+  WriteSpec("bad.yaml", "  learning_rate: fast\n  epochs: lots\n");
   RunOptions options;
   options.cwd = dir_.path();
   Outcome r = RunRaw({"validate", "bad.yaml"}, options);
   EXPECT_EQ(r.exit_code, kExitRejected);
-  EXPECT_NE(r.err.find("trainctl: error: bad.yaml:9: training.learning_rate"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.rfind("trainctl: error: bad.yaml:9: training.learning_rate: expected a number", 0), 0u) << r.err;
+  EXPECT_NE(r.err.find("\ntrainctl: error: bad.yaml:10: training.epochs: expected a number"), std::string::npos)
+      << r.err;
   EXPECT_EQ(r.out, "");
 }
 
@@ -904,6 +906,17 @@ TEST_F(TrainctlTest, ValidateOfAMissingDataFileExits6NamingTheKey) {
   EXPECT_EQ(r.exit_code, kExitRejected);
   EXPECT_NE(r.err.find("data.train"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find(dir_ / "data/train.jsonl"), std::string::npos) << r.err;
+}
+
+TEST_F(TrainctlTest, ValidateNamesEveryFileThatIsNotThere) {
+  const std::string spec = dir_ / "files.yaml";
+  WriteText(spec, "model:\n  path: no-model\ndata:\n  train: no-train.jsonl\n  eval: no-eval.jsonl\ndevice: cpu\n");
+  Outcome r = RunRaw({"validate", spec});
+  EXPECT_EQ(r.exit_code, kExitRejected);
+  for (const std::string& key : {"model.path: " + (dir_ / "no-model"), "data.train: " + (dir_ / "no-train.jsonl"),
+                                "data.eval: " + (dir_ / "no-eval.jsonl")}) {
+    EXPECT_NE(r.err.find("trainctl: error: " + spec + ": " + key), std::string::npos) << key << "\n" << r.err;
+  }
 }
 
 TEST_F(TrainctlTest, ValidateOfAMissingFileIsAUsageError) {
