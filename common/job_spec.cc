@@ -400,8 +400,7 @@ class SpecParser {
       errors.push_back(Conflict("output.merge", "merges an adapter into the model, but the job has no adapter "
                                 "(full fine-tuning writes output.dir/model already); remove output.merge"));
     }
-    if (errors.empty()) return Status::Ok();
-    return Status::Error(yaml::Join(errors, "\n"));
+    return Status::Errors(errors);
   }
 
   // Two keys that cannot go together, reported at the first one's line.

@@ -10,8 +10,6 @@
 #include <utility>
 #include <vector>
 
-#include "common/yaml_reader.h"
-
 namespace trainerd {
 namespace {
 
@@ -62,8 +60,7 @@ Status CheckSpecFiles(const JobSpec& spec) {
                        "; give a data file that exists and that trainerd can read");
     }
   }
-  if (errors.empty()) return Status::Ok();
-  return Status::Error(yaml::Join(errors, "\n"));
+  return Status::Errors(errors);
 }
 
 StatusOr<JobSpec> ValidateSubmittedSpec(const std::string& yaml, const std::string& source,

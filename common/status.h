@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace trainerd {
 
@@ -18,6 +19,15 @@ class [[nodiscard]] Status {
   Status() = default;  // ok
   static Status Ok() { return Status(); }
   static Status Error(std::string message) { return Status(std::move(message)); }
+  // Several errors found in one pass (a job spec's), one a line in the message;
+  // ok when there are none. Programs print each line with their prefix
+  // (common/error_lines.h).
+  static Status Errors(const std::vector<std::string>& errors) {
+    if (errors.empty()) return Status();
+    std::string message = errors[0];
+    for (size_t i = 1; i < errors.size(); ++i) message += "\n" + errors[i];
+    return Status(std::move(message));
+  }
 
   bool ok() const { return !message_.has_value(); }
   explicit operator bool() const { return ok(); }

@@ -329,8 +329,7 @@ Status MapReader::Read(const YAML::Node& map, const std::string& prefix, const H
     }
     note(on_key(Value(value, key, source_, key_node.Mark())));
   }
-  if (errors.empty()) return Status::Ok();
-  return Status::Error(Join(errors, "\n"));
+  return Status::Errors(errors);
 }
 
 int MapReader::LineOf(const std::string& key) const {
