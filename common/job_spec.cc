@@ -357,7 +357,8 @@ class SpecParser {
 
   // A required key is reported at its section's line when the section is there.
   std::string Missing(const std::string& key, const std::string& why) const {
-    return At(reader_.LineOf(key.substr(0, key.find('.')))) + "missing required key '" + key + "' (" + why + ")";
+    return Where(spec_.source, reader_.LineOf(key.substr(0, key.find('.')))) + "missing required key '" + key +
+           "' (" + why + ")";
   }
 
   // Every missing key and conflict, one a line (run once the keys read without error: a key whose value was
@@ -402,12 +403,7 @@ class SpecParser {
 
   // Two keys that cannot go together, reported at the first one's line.
   std::string Conflict(const std::string& key, const std::string& why) const {
-    return At(reader_.LineOf(key)) + key + ": " + why;
-  }
-
-  // "source:line: ", or "source: " for line 0 (a key the file does not have).
-  std::string At(int line) const {
-    return line == 0 ? spec_.source + ": " : spec_.source + ":" + std::to_string(line) + ": ";
+    return Where(spec_.source, reader_.LineOf(key)) + key + ": " + why;
   }
 
   JobSpec spec_;

@@ -90,8 +90,11 @@ std::string Closest(const std::string& word, const std::vector<std::string>& can
 }
 
 std::string Where(const std::string& source, const YAML::Mark& mark) {
-  if (mark.is_null() || mark.line < 0) return source + ": ";
-  return source + ":" + std::to_string(mark.line + 1) + ": ";
+  return Where(source, mark.is_null() || mark.line < 0 ? 0 : mark.line + 1);
+}
+
+std::string Where(const std::string& source, int line) {
+  return line <= 0 ? source + ": " : source + ":" + std::to_string(line) + ": ";
 }
 
 std::string Describe(const YAML::Node& node) {

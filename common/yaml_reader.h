@@ -38,6 +38,8 @@ std::string Closest(const std::string& word, const std::vector<std::string>& can
 
 // "source:line: ", or "source: " where yaml-cpp has no position.
 std::string Where(const std::string& source, const YAML::Mark& mark);
+// The same for a 1-based line (MapReader::LineOf's), 0 for none.
+std::string Where(const std::string& source, int line);
 
 // How a node looks, for "got ..." in messages: 'text' (cut at 60 characters),
 // "a list", "a map" or "nothing".
