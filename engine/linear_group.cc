@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "engine/fused_ops.h"
+#include "engine/gemm.h"
 #include "engine/lora_dropout.h"
 
 namespace trainerd::engine {
@@ -175,7 +176,7 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
         lora_product(t);
       }
       if (cols > rank) x_ext.narrow(1, in + rank, cols - rank).zero_();
-      y = group.bias.defined() ? torch::addmm(group.bias, x_ext, top.t()) : torch::mm(x_ext, top.t());
+      y = group.bias.defined() ? torch::addmm(group.bias, x_ext, top.t()) : ProductWithTransposed(x_ext, top);
     } else {
       // No room left by the producer (attention's output, for o; cols > 0,
       // so rank > 0): the LoRA term first, t (sB)^T by a thin product, then
@@ -267,7 +268,7 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
     if (need_x && !lora_term_in_gemm && !dense) {
       // g [W | sB | 0] = [g W | u | 0]: the input gradient and u from one
       // GEMM, then u A added (disjoint columns of the one product).
-      const torch::Tensor grad_ext = torch::mm(g, top);
+      const torch::Tensor grad_ext = Product(g, top);
       grad_x = grad_ext.narrow(1, 0, in);
       if (rank > 0) {
         u = grad_ext.narrow(1, in, rank);
@@ -284,10 +285,10 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
         u = g_ext.narrow(1, out_total, rank);
         at::mm_out(u, g, sb);
         if (a_rows > rank) g_ext.narrow(1, out_total + rank, a_rows - rank).zero_();
-        grad_x = torch::mm(g_ext, widened.narrow(1, 0, in));
+        grad_x = Product(g_ext, widened.narrow(1, 0, in));
       } else {
         u = torch::mm(g, sb);
-        grad_x = torch::mm(ConcatPadded(g, u, widened.size(0)), widened.narrow(1, 0, in));
+        grad_x = Product(ConcatPadded(g, u, widened.size(0)), widened.narrow(1, 0, in));
       }
     } else {
       // u first, a thin product over g; then the input gradient, if needed,
@@ -299,7 +300,7 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
         grad_x = torch::mm(u, a_cat);
         grad_x.addmm_(g, top.narrow(1, 0, in));
       } else if (need_x) {
-        grad_x = torch::mm(g, top.narrow(1, 0, in));
+        grad_x = Product(g, top.narrow(1, 0, in));
       }
     }
     // u^T x (rank, in); with dropout, member by member through the masks,

@@ -1,0 +1,38 @@
+// The decoder's large products, x W^T (a linear layer's forward) and g W (its
+// input gradient), on the fastest path the device has: on a Hopper GPU with
+// bf16 operands the GEMM of our own (engine/kernels/hopper_gemm.h; 1-4% ahead
+// of cuBLAS at the 8b row's shapes, bench/speed/NOTES.md), elsewhere
+// torch::mm. Same shapes, dtypes and results (to bf16 rounding of a
+// different summation order) as torch::mm either way.
+//
+// The GEMM of our own takes a product when: CUDA, every operand bf16 and 2-D
+// with unit column stride, row strides multiples of 8 elements and data 16-byte
+// aligned, m and n at least 1024 and k at least 256 (smaller products leave
+// its 128 x 256 tiles too few for the SMs); and the setting (below) is on.
+#pragma once
+
+#include <cstdint>
+
+#include <torch/torch.h>
+
+namespace trainerd::engine {
+
+// x (m, k) w^T for w (n, k): torch::mm(x, w.t()).
+torch::Tensor ProductWithTransposed(const torch::Tensor& x, const torch::Tensor& w);
+
+// x (m, k) w for w (k, n): torch::mm(x, w).
+torch::Tensor Product(const torch::Tensor& x, const torch::Tensor& w);
+
+// out (m, n) = x w, out written in place (rows may be a view's): torch::mm_out.
+void ProductInto(torch::Tensor& out, const torch::Tensor& x, const torch::Tensor& w);
+
+// Whether the GEMM of our own may take products: off unless the environment
+// sets TRAINERD_HOPPER_GEMM=1 (read once), or SetHopperGemm says otherwise.
+// Off by default until the training step is measured faster with it.
+bool HopperGemmOn();
+void SetHopperGemm(bool on);
+
+// Products the GEMM of our own has run in this process (tests count them).
+int64_t HopperGemmRuns();
+
+}  // namespace trainerd::engine

@@ -1,0 +1,581 @@
+// The Hopper GEMM (hopper_gemm.h): kernel and launcher. Built for sm_90a
+// only (wgmma, setmaxnreg). bench/gemm/hopper_gemm.cu checks it against
+// cuBLAS and float64 and times it; its compile-time knobs (-D) exist for that
+// harness's variants, with the defaults the engine uses.
+#include "engine/kernels/hopper_gemm.h"
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <mutex>
+
+#ifndef HG_TILE_EPILOGUE
+// 1: the epilogue writes a whole tile's chunks (SwiGLU: gate's and up's, then
+// h's) before one barrier and their TMA stores, in four buffers a consumer,
+// with a 3-stage ring to make room; 0: chunk by chunk through two buffers,
+// two barriers a chunk.
+#define HG_TILE_EPILOGUE 0
+#endif
+#ifndef HG_STAGES
+#define HG_STAGES (HG_TILE_EPILOGUE ? 3 : 4)  // the ring's depth
+#endif
+#ifndef HG_GROUP
+#define HG_GROUP 16  // the rasterisation's group of 128-row tiles
+#endif
+#ifndef HG_STMATRIX
+#define HG_STMATRIX 1  // the epilogue's chunks written by stmatrix (0: a 4-byte store an element pair)
+#endif
+#ifndef HG_FAST_SILU
+#define HG_FAST_SILU 1  // silu(g) = g * rcp.approx(1 + ex2.approx(-g log2 e)) (0: expf and a division)
+#endif
+#ifndef HG_PROBE
+#define HG_PROBE 0  // measuring only: 1 no epilogue at all, 2 SwiGLU's h without its arithmetic (h = up)
+#endif
+
+namespace trainerd::kernels {
+namespace {
+
+constexpr int kBlockM = 128, kBlockN = 256, kBlockK = 64;
+constexpr int kStages = HG_STAGES;
+constexpr int kThreads = 384;  // producer warpgroup + two consumer warpgroups
+constexpr int kChunk = 64;     // epilogue chunk: 64 rows x 64 columns
+constexpr int kABytes = kBlockM * kBlockK * 2;    // 16 KB
+constexpr int kBBytes = kBlockN * kBlockK * 2;    // 32 KB
+constexpr int kBoxBytes = 64 * 64 * 2;            // an MN-major box of W: 64 k-rows x 64 columns
+constexpr int kChunkBytes = kChunk * kChunk * 2;  // 8 KB
+constexpr int kSlots = HG_TILE_EPILOGUE ? 4 : 2;   // chunk buffers a consumer warpgroup
+constexpr int kSmemBytes = kStages * (kABytes + kBBytes) + 2 * kSlots * kChunkBytes + 2 * kStages * 8 + 1024;
+static_assert(kSmemBytes <= 227 * 1024, "shared memory over the 227 KB a block may have");
+
+__device__ __forceinline__ uint32_t SmemAddress(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void BarrierInit(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(SmemAddress(bar)), "r"(count));
+}
+
+__device__ __forceinline__ void BarrierExpectBytes(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(SmemAddress(bar)), "r"(bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void BarrierArrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(SmemAddress(bar)) : "memory");
+}
+
+// Waits until the barrier's phase of the given parity has completed.
+__device__ __forceinline__ void BarrierWait(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT;\n"
+      "}\n" ::"r"(SmemAddress(bar)),
+      "r"(parity)
+      : "memory");
+}
+
+__device__ __forceinline__ void TmaLoad(void* dst, const CUtensorMap* map, int col, int row, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(
+          SmemAddress(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(row), "r"(SmemAddress(bar))
+      : "memory");
+}
+
+// A TMA store of a box from shared memory, in the current bulk group.
+__device__ __forceinline__ void TmaStoreUncommitted(const CUtensorMap* map, const void* src, int col, int row) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(col), "r"(row), "r"(SmemAddress(src))
+               : "memory");
+}
+
+__device__ __forceinline__ void TmaStoreCommit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+
+// A TMA store as a bulk group of its own.
+[[maybe_unused]] __device__ __forceinline__ void TmaStore(const CUtensorMap* map, const void* src, int col, int row) {
+  TmaStoreUncommitted(map, src, col, row);
+  TmaStoreCommit();
+}
+
+// Waits until at most N committed TMA stores still read shared memory.
+template <int N>
+__device__ __forceinline__ void TmaStoreWaitRead() {
+  asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ void TmaStoreWaitAll() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
+
+__device__ __forceinline__ void FenceAsyncShared() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+
+__device__ __forceinline__ void NamedBarrier(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+template <int kRegisters>
+__device__ __forceinline__ void RaiseRegisters() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kRegisters));
+}
+
+template <int kRegisters>
+__device__ __forceinline__ void LowerRegisters() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kRegisters));
+}
+
+// Shared-memory matrix descriptors for operands in 128-byte swizzle atoms
+// (8 rows of 128 bytes: 64 bf16), as TMA's 128-byte swizzle lays them out:
+// start address >> 4, leading and stride byte offsets >> 4, swizzle mode 1.
+// K-major (X, and W as stored: a row of k per row): the stride byte offset
+// is 1024 between 8-row groups (the leading one is unused); a k16 step is 32
+// bytes along the row.
+__device__ __forceinline__ uint64_t DescriptorK(uint32_t smem_address) {
+  return static_cast<uint64_t>((smem_address & 0x3FFFF) >> 4) | (uint64_t{1} << 16) |
+         (static_cast<uint64_t>(1024 >> 4) << 32) | (uint64_t{1} << 62);
+}
+
+// MN-major (W transposed: a row of n per k): blocks of 64 k-rows by 64
+// columns, one TMA box each, 8 KB apart along n (the leading byte offset);
+// 8-row groups of k 1024 apart (the stride byte offset); a k16 step is 2048
+// bytes (16 rows).
+__device__ __forceinline__ uint64_t DescriptorMN(uint32_t smem_address) {
+  return static_cast<uint64_t>((smem_address & 0x3FFFF) >> 4) | (static_cast<uint64_t>(8192 >> 4) << 16) |
+         (static_cast<uint64_t>(1024 >> 4) << 32) | (uint64_t{1} << 62);
+}
+
+__device__ __forceinline__ void WgmmaFence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void WgmmaCommit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void WgmmaWait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+
+// d (64 x 256, this thread's 128 values) += A (64 x 16) B (256 x 16)^T, or =
+// when accumulate is 0; B MN-major when kTransposeB.
+template <int kTransposeB>
+__device__ __forceinline__ void Wgmma256(float (&d)[128], uint64_t a, uint64_t b, int accumulate) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %130, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+      "}, %128, %129, p, 1, 1, 0, %131;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+        "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+        "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]),
+        "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]),
+        "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]),
+        "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      : "l"(a), "l"(b), "r"(accumulate), "n"(kTransposeB));
+}
+
+struct TileCoordinates {
+  int m, n;  // tile indices
+};
+
+// Tile t in a rasterisation that walks HG_GROUP row tiles down each column of
+// tiles before moving right, so that the blocks in flight share X's and W's
+// k-slices in L2.
+__device__ __forceinline__ TileCoordinates Tile(int t, int tiles_m, int tiles_n) {
+  const int per_group = HG_GROUP * tiles_n;
+  const int first_m = (t / per_group) * HG_GROUP;
+  const int size = min(tiles_m - first_m, HG_GROUP);
+  const int in_group = t % per_group;
+  return {first_m + in_group % size, in_group / size};
+}
+
+__device__ __forceinline__ float Silu(float g) {
+#if HG_FAST_SILU
+  return g * __fdividef(1.0f, 1.0f + __expf(-g));
+#else
+  return g / (1.0f + expf(-g));
+#endif
+}
+
+__device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// Writes 8 accumulator column groups (64 columns: groups first .. first + 7)
+// of this warp's 16 rows into a 64 x 64 chunk buffer in TMA's 128-byte
+// swizzle (16-byte unit u of row r at unit u ^ (r % 8)). value(i, e) gives
+// the float of group i, element e (0, 1: row lane / 4, columns 2 (lane % 4)
+// and + 1; 2, 3: the same columns 8 rows down), wgmma's accumulator layout.
+template <typename Value>
+__device__ __forceinline__ void WriteChunk(uint8_t* chunk, int warp, int lane, int first, Value value) {
+#if HG_STMATRIX
+  // Four 8 x 8 matrices an instruction (groups j and j + 1, upper and lower
+  // rows): lane l gives row l % 8 of matrix l / 8, and holds in register q
+  // the pair its accumulator has in matrix q.
+  const int q = lane / 8;
+  const int row = 16 * warp + (q & 1) * 8 + lane % 8;
+#pragma unroll
+  for (int j = 0; j < 8; j += 2) {
+    const uint32_t r0 = PackBf16(value(first + j, 0), value(first + j, 1));
+    const uint32_t r1 = PackBf16(value(first + j, 2), value(first + j, 3));
+    const uint32_t r2 = PackBf16(value(first + j + 1, 0), value(first + j + 1, 1));
+    const uint32_t r3 = PackBf16(value(first + j + 1, 2), value(first + j + 1, 3));
+    const int unit = j + (q >> 1);
+    const uint32_t address = SmemAddress(chunk + row * 128 + ((unit ^ (row % 8)) * 16));
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(address), "r"(r0),
+                 "r"(r1), "r"(r2), "r"(r3)
+                 : "memory");
+  }
+#else
+  const int row = 16 * warp + lane / 4;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int within = (lane % 4) * 4;  // column 8j + 2 (lane % 4): byte 16j + 4 (lane % 4)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = row + 8 * half;
+      *reinterpret_cast<uint32_t*>(chunk + r * 128 + ((j ^ (r % 8)) * 16) + within) =
+          PackBf16(value(first + j, 2 * half), value(first + j, 2 * half + 1));
+    }
+  }
+#endif
+}
+
+struct GemmMaps {
+  CUtensorMap x;     // (M, K), box 64 x 128
+  CUtensorMap w;     // as stored (N, K): box 64 x 256; SwiGLU: gate's rows (N/2, K), box 64 x 128;
+                     // transposed (K, N): box 64 columns x 64 k-rows
+  CUtensorMap w_up;  // SwiGLU: up's rows (N/2, K), box 64 x 128
+  CUtensorMap d;     // (M, N); SwiGLU: D's gate columns (M, N/2); box 64 x 64
+  CUtensorMap d_up;  // SwiGLU: D's up columns (M, N/2)
+  CUtensorMap h;     // SwiGLU: H (M, N/2)
+  int tiles_m, tiles_n, k_tiles;
+};
+
+template <HopperEpilogue kEpilogue, bool kWTransposed>
+__global__ void __launch_bounds__(kThreads, 1) GemmKernel(const __grid_constant__ GemmMaps maps) {
+  static_assert(!(kWTransposed && kEpilogue == HopperEpilogue::kSwiGlu), "SwiGLU takes W as stored");
+  extern __shared__ uint8_t raw_smem[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw_smem) + 1023) & ~uintptr_t{1023});
+  uint8_t* a_smem = smem;
+  uint8_t* b_smem = a_smem + kStages * kABytes;
+  uint8_t* chunk_smem = b_smem + kStages * kBBytes;  // [consumer][kSlots][kChunkBytes]
+  uint64_t* full = reinterpret_cast<uint64_t*>(chunk_smem + 2 * kSlots * kChunkBytes);
+  uint64_t* empty = full + kStages;
+
+  const int warpgroup = threadIdx.x / 128;
+  const int tid = threadIdx.x % 128;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      BarrierInit(&full[s], 1);
+      BarrierInit(&empty[s], 2 * 4);  // one arrival per consumer warp
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+
+  const int tiles = maps.tiles_m * maps.tiles_n;
+  if (warpgroup == 0) {
+    // The producer: one thread issues every load.
+    LowerRegisters<40>();
+    if (tid != 0) return;
+    int it = 0;
+    for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+      const TileCoordinates tile = Tile(t, maps.tiles_m, maps.tiles_n);
+      for (int kt = 0; kt < maps.k_tiles; ++kt, ++it) {
+        const int s = it % kStages;
+        BarrierWait(&empty[s], ((it / kStages) & 1) ^ 1);
+        BarrierExpectBytes(&full[s], kABytes + kBBytes);
+        const int k = kt * kBlockK;
+        uint8_t* b = b_smem + s * kBBytes;
+        TmaLoad(a_smem + s * kABytes, &maps.x, k, tile.m * kBlockM, &full[s]);
+        if (kWTransposed) {
+#pragma unroll
+          for (int j = 0; j < kBlockN / 64; ++j) TmaLoad(b + j * kBoxBytes, &maps.w, tile.n * kBlockN + 64 * j, k, &full[s]);
+        } else if (kEpilogue == HopperEpilogue::kPlain) {
+          TmaLoad(b, &maps.w, k, tile.n * kBlockN, &full[s]);
+        } else {
+          TmaLoad(b, &maps.w, k, tile.n * (kBlockN / 2), &full[s]);
+          TmaLoad(b + kBBytes / 2, &maps.w_up, k, tile.n * (kBlockN / 2), &full[s]);
+        }
+      }
+    }
+    return;
+  }
+
+  // The consumers: rows 64 * consumer .. + 63 of each tile.
+  RaiseRegisters<232>();
+  const int consumer = warpgroup - 1;
+  const int warp = tid / 32, lane = tid % 32;
+  uint8_t* chunks = chunk_smem + consumer * kSlots * kChunkBytes;
+  float acc[128];
+  int it = 0;
+#if !HG_TILE_EPILOGUE
+  int chunk_count = 0;  // chunks stored so far: their buffers alternate across tiles
+#endif
+  for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+    const TileCoordinates tile = Tile(t, maps.tiles_m, maps.tiles_n);
+    int previous = -1;
+    for (int kt = 0; kt < maps.k_tiles; ++kt, ++it) {
+      const int s = it % kStages;
+      BarrierWait(&full[s], (it / kStages) & 1);
+      const uint32_t a = SmemAddress(a_smem + s * kABytes + consumer * (kABytes / 2));
+      const uint32_t b = SmemAddress(b_smem + s * kBBytes);
+      WgmmaFence();
+#pragma unroll
+      for (int kk = 0; kk < kBlockK / 16; ++kk) {
+        if (kWTransposed) {
+          Wgmma256<1>(acc, DescriptorK(a + kk * 32), DescriptorMN(b + kk * 2048), kt > 0 || kk > 0);
+        } else {
+          Wgmma256<0>(acc, DescriptorK(a + kk * 32), DescriptorK(b + kk * 32), kt > 0 || kk > 0);
+        }
+      }
+      WgmmaCommit();
+      WgmmaWait<1>();  // the previous k-slice's products are done: release its stage
+      if (previous >= 0 && lane == 0) BarrierArrive(&empty[previous]);
+      previous = s;
+    }
+    WgmmaWait<0>();
+    if (lane == 0) BarrierArrive(&empty[previous]);
+
+    // Epilogue: 64-column chunks rounded into swizzled buffers, stored by TMA.
+    const int row0 = tile.m * kBlockM + consumer * 64;
+    auto plain = [&](int i, int e) { return acc[4 * i + e]; };
+    // SwiGLU: groups 0-15 are gate's 128 columns, 16-31 up's matching ones.
+    auto h = [&](int i, int e) {
+      const float g = __bfloat162float(__float2bfloat16_rn(acc[4 * i + e]));
+      const float u = __bfloat162float(__float2bfloat16_rn(acc[4 * (i + 16) + e]));
+      return HG_PROBE == 2 ? u : Silu(g) * u;
+    };
+    if (HG_PROBE == 1) continue;
+#if HG_TILE_EPILOGUE
+    // A round: every buffer free (the stores that read them done), the
+    // round's chunks written, one barrier, their stores as one bulk group.
+    auto begin_round = [&] {
+      if (tid == 0) TmaStoreWaitRead<0>();
+      NamedBarrier(1 + consumer, 128);
+    };
+    auto end_round = [&] {
+      FenceAsyncShared();
+      NamedBarrier(1 + consumer, 128);
+    };
+    auto slot = [&](int i) { return chunks + i * kChunkBytes; };
+    if (kEpilogue == HopperEpilogue::kPlain) {
+      begin_round();
+#pragma unroll
+      for (int c = 0; c < 4; ++c) WriteChunk(slot(c), warp, lane, 8 * c, plain);
+      end_round();
+      if (tid == 0) {
+#pragma unroll
+        for (int c = 0; c < 4; ++c) TmaStoreUncommitted(&maps.d, slot(c), tile.n * kBlockN + c * kChunk, row0);
+        TmaStoreCommit();
+      }
+    } else {
+      const int col = tile.n * (kBlockN / 2);
+      begin_round();
+#pragma unroll
+      for (int c = 0; c < 4; ++c) WriteChunk(slot(c), warp, lane, 8 * c, plain);  // gate 0, 1; up 0, 1
+      end_round();
+      if (tid == 0) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          TmaStoreUncommitted(&maps.d, slot(c), col + c * kChunk, row0);
+          TmaStoreUncommitted(&maps.d_up, slot(2 + c), col + c * kChunk, row0);
+        }
+        TmaStoreCommit();
+      }
+      begin_round();
+#pragma unroll
+      for (int c = 0; c < 2; ++c) WriteChunk(slot(c), warp, lane, 8 * c, h);
+      end_round();
+      if (tid == 0) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) TmaStoreUncommitted(&maps.h, slot(c), col + c * kChunk, row0);
+        TmaStoreCommit();
+      }
+    }
+#else
+    // Chunk by chunk through two buffers: a chunk waits only for the store
+    // that read its buffer two chunks before.
+    auto store = [&](const CUtensorMap* map, int col, auto value, int first) {
+      uint8_t* chunk = chunks + (chunk_count % 2) * kChunkBytes;
+      if (tid == 0) TmaStoreWaitRead<1>();
+      NamedBarrier(1 + consumer, 128);
+      WriteChunk(chunk, warp, lane, first, value);
+      FenceAsyncShared();
+      NamedBarrier(1 + consumer, 128);
+      if (tid == 0) TmaStore(map, chunk, col, row0);
+      ++chunk_count;
+    };
+    if (kEpilogue == HopperEpilogue::kPlain) {
+#pragma unroll
+      for (int c = 0; c < kBlockN / kChunk; ++c) store(&maps.d, tile.n * kBlockN + c * kChunk, plain, 8 * c);
+    } else {
+      const int col = tile.n * (kBlockN / 2);
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        store(&maps.d, col + c * kChunk, plain, 8 * c);
+        store(&maps.d_up, col + c * kChunk, plain, 16 + 8 * c);
+        store(&maps.h, col + c * kChunk, h, 8 * c);
+      }
+    }
+#endif
+  }
+  if (tid == 0) TmaStoreWaitAll();
+}
+
+// ---- host ----
+
+using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+// The driver's tensor-map encoder, through the runtime (no link to libcuda).
+EncodeTiled Encoder() {
+  static EncodeTiled encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) !=
+            cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      fn = nullptr;
+    }
+    return reinterpret_cast<EncodeTiled>(fn);
+  }();
+  return encode;
+}
+
+// A 2-D bf16 map over rows x cols (rows ld elements apart), box box_rows x
+// 64 columns, 128-byte swizzle. "" or why not.
+std::string Map(CUtensorMap* map, const void* base, int64_t rows, int64_t cols, int64_t ld, int box_rows) {
+  const EncodeTiled encode = Encoder();
+  if (encode == nullptr) return "the driver has no cuTensorMapEncodeTiled";
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld * 2)};
+  const cuuint32_t box[2] = {64, static_cast<cuuint32_t>(box_rows)};
+  const cuuint32_t element_strides[2] = {1, 1};
+  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims, strides, box,
+                            element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    return "cuTensorMapEncodeTiled failed (" + std::to_string(static_cast<int>(r)) + ") for " +
+           std::to_string(rows) + " x " + std::to_string(cols) + ", row stride " + std::to_string(ld);
+  }
+  return "";
+}
+
+struct DeviceInfo {
+  bool hopper = false;
+  int sms = 0;
+};
+
+DeviceInfo CurrentDevice() {
+  constexpr int kMaxDevices = 64;
+  static std::once_flag once[kMaxDevices];
+  static DeviceInfo info[kMaxDevices];
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) return {};
+  std::call_once(once[device], [device] {
+    int major = 0, minor = 0, sms = 0;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    info[device] = {major == 9 && minor == 0, sms};
+  });
+  return info[device];
+}
+
+bool Aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+template <HopperEpilogue kEpilogue, bool kWTransposed>
+std::string Launch(const GemmMaps& maps, int grid, cudaStream_t stream) {
+  // The dynamic shared-memory limit, raised once per device and kernel.
+  static std::once_flag once[64];
+  static cudaError_t raised[64];
+  int device = 0;
+  cudaGetDevice(&device);
+  std::call_once(once[device % 64], [&] {
+    raised[device % 64] = cudaFuncSetAttribute(GemmKernel<kEpilogue, kWTransposed>,
+                                               cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  });
+  if (raised[device % 64] != cudaSuccess) {
+    return std::string("HopperGemm: raising the shared-memory limit failed: ") + cudaGetErrorString(raised[device % 64]);
+  }
+  GemmKernel<kEpilogue, kWTransposed><<<grid, kThreads, kSmemBytes, stream>>>(maps);
+  const cudaError_t e = cudaGetLastError();
+  return e == cudaSuccess ? "" : std::string("HopperGemm: launch failed: ") + cudaGetErrorString(e);
+}
+
+}  // namespace
+
+bool HopperGemmSupported() { return CurrentDevice().hopper; }
+
+std::string HopperGemm(const HopperGemmOperands& o, HopperEpilogue epilogue, void* stream) {
+  const DeviceInfo device = CurrentDevice();
+  if (!device.hopper) return "HopperGemm: the current device is not a Hopper GPU (compute capability 9.0)";
+  const bool swiglu = epilogue == HopperEpilogue::kSwiGlu;
+  if (o.m <= 0 || o.n <= 0 || o.k <= 0) return "HopperGemm: empty product";
+  if (o.m >= (int64_t{1} << 31) || o.n >= (int64_t{1} << 31) || o.k >= (int64_t{1} << 31)) {
+    return "HopperGemm: a dimension over 2^31";
+  }
+  if (swiglu && (o.w_transposed || o.n % 16 != 0 || o.h == nullptr)) {
+    return "HopperGemm: SwiGLU's epilogue needs W as stored, n a multiple of 16 and H";
+  }
+  const int64_t w_cols = o.w_transposed ? o.n : o.k;
+  const int64_t h_cols = swiglu ? o.n / 2 : 0;
+  if (!Aligned(o.x) || !Aligned(o.w) || !Aligned(o.d) || (swiglu && !Aligned(o.h)) || o.x_stride % 8 != 0 ||
+      o.w_stride % 8 != 0 || o.d_stride % 8 != 0 || (swiglu && o.h_stride % 8 != 0) || o.x_stride < o.k ||
+      o.w_stride < w_cols || o.d_stride < o.n || (swiglu && o.h_stride < h_cols)) {
+    return "HopperGemm: pointers must be 16-byte aligned and row strides multiples of 8 elements, at least a row";
+  }
+  GemmMaps maps{};
+  std::string why = Map(&maps.x, o.x, o.m, o.k, o.x_stride, kBlockM);
+  maps.k_tiles = static_cast<int>((o.k + kBlockK - 1) / kBlockK);
+  maps.tiles_m = static_cast<int>((o.m + kBlockM - 1) / kBlockM);
+  if (swiglu) {
+    const int64_t f = o.n / 2;
+    const auto* w = static_cast<const __nv_bfloat16*>(o.w);
+    auto* d = static_cast<__nv_bfloat16*>(o.d);
+    if (why.empty()) why = Map(&maps.w, w, f, o.k, o.w_stride, kBlockN / 2);
+    if (why.empty()) why = Map(&maps.w_up, w + f * o.w_stride, f, o.k, o.w_stride, kBlockN / 2);
+    if (why.empty()) why = Map(&maps.d, d, o.m, f, o.d_stride, kChunk);
+    if (why.empty()) why = Map(&maps.d_up, d + f, o.m, f, o.d_stride, kChunk);
+    if (why.empty()) why = Map(&maps.h, o.h, o.m, f, o.h_stride, kChunk);
+    maps.tiles_n = static_cast<int>((f + kBlockN / 2 - 1) / (kBlockN / 2));
+  } else {
+    if (why.empty()) {
+      why = o.w_transposed ? Map(&maps.w, o.w, o.k, o.n, o.w_stride, 64) : Map(&maps.w, o.w, o.n, o.k, o.w_stride, kBlockN);
+    }
+    if (why.empty()) why = Map(&maps.d, o.d, o.m, o.n, o.d_stride, kChunk);
+    maps.tiles_n = static_cast<int>((o.n + kBlockN - 1) / kBlockN);
+  }
+  if (!why.empty()) return "HopperGemm: " + why;
+  const int tiles = maps.tiles_m * maps.tiles_n;
+  const int grid = std::min(tiles, device.sms);
+  auto* s = static_cast<cudaStream_t>(stream);
+  if (swiglu) return Launch<HopperEpilogue::kSwiGlu, false>(maps, grid, s);
+  return o.w_transposed ? Launch<HopperEpilogue::kPlain, true>(maps, grid, s)
+                        : Launch<HopperEpilogue::kPlain, false>(maps, grid, s);
+}
+
+}  // namespace trainerd::kernels

@@ -1,0 +1,164 @@
+// engine/gemm.h: the decoder's products give torch::mm's results in every
+// layout the engine hands them (row views of wider buffers, narrowed weight
+// columns, outputs that are row ranges of a larger gradient), and the GEMM of
+// our own takes exactly the products it should: every bf16 one of these shapes
+// on a Hopper GPU, none in float32, none on the CPU, none with the setting off.
+// Its results against cuBLAS's are the point on the GPU (TRAINERD_TEST_DEVICE
+// =cuda TRAINERD_TEST_DTYPE=bfloat16 on an H100/H200); on the CPU (CI) the
+// dispatch's fall-back is what runs.
+#include "engine/gemm.h"
+
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "engine/kernels/hopper_gemm.h"
+#include "engine/linear.h"
+#include "engine/linear_group.h"
+#include "tests/engine/test_support.h"
+
+namespace trainerd {
+namespace {
+
+using testing::RelativeError;
+using testing::TorchTestDevice;
+using testing::TorchTestDtype;
+
+// Whether this run's products should go to the GEMM of our own: bf16 on a
+// CUDA device that is a Hopper GPU, in a build that has the kernel.
+bool ExpectHopperGemm() {
+#ifdef TRAINERD_WITH_HOPPER_GEMM
+  return TorchTestDtype() == torch::kBFloat16 && TorchTestDevice().is_cuda() && kernels::HopperGemmSupported();
+#else
+  return false;
+#endif
+}
+
+// The tolerance of a bf16 product against cuBLAS's (summation order alone;
+// the output is rounded to 8 bits of mantissa), or of the same call.
+double Tolerance() { return TorchTestDtype() == torch::kBFloat16 ? 1e-2 : 1e-6; }
+
+TEST(Gemm, MatchesTorchMmInEveryLayout) {
+  torch::manual_seed(3);
+  const auto opts = torch::TensorOptions().dtype(TorchTestDtype()).device(TorchTestDevice());
+  engine::SetHopperGemm(true);
+  const int64_t runs_before = engine::HopperGemmRuns();
+  int products = 0;
+  // x W^T: x the left columns of wider rows (a widened input), W the first
+  // rows of a taller matrix (a widened matrix's [W | sB] rows); tails in m
+  // (not a multiple of 128), n (of 256) and k (of 64).
+  for (const auto& shape : std::vector<std::vector<int64_t>>{{2048, 1536, 1040}, {1100, 1032, 1000}}) {
+    const int64_t m = shape[0], n = shape[1], k = shape[2];
+    const torch::Tensor x = torch::randn({m, k + 24}, opts).narrow(1, 0, k);
+    const torch::Tensor w = (torch::randn({n + 40, k}, opts) * 0.05).narrow(0, 0, n);
+    const torch::Tensor y = engine::ProductWithTransposed(x, w);
+    EXPECT_LE(RelativeError(y, torch::mm(x, w.t())), Tolerance()) << m << " x " << n << " x " << k;
+    ++products;
+  }
+  // g W: W's left columns only (a widened matrix's frozen part, rows wider
+  // than the product's n), and W whole.
+  {
+    const torch::Tensor g = torch::randn({2048, 1536}, opts);
+    const torch::Tensor w_wide = torch::randn({1536, 1056}, opts) * 0.05;
+    const torch::Tensor w_left = w_wide.narrow(1, 0, 1024);
+    EXPECT_LE(RelativeError(engine::Product(g, w_left), torch::mm(g, w_left)), Tolerance());
+    EXPECT_LE(RelativeError(engine::Product(g, w_wide), torch::mm(g, w_wide)), Tolerance());
+    products += 2;
+    // Into a row range of a larger gradient (the chunked cross-entropy's).
+    torch::Tensor whole = torch::zeros({4096, 1024}, opts);
+    torch::Tensor out = whole.narrow(0, 1024, 2048);
+    engine::ProductInto(out, g, w_left);
+    EXPECT_LE(RelativeError(out, torch::mm(g, w_left)), Tolerance());
+    EXPECT_EQ(whole.narrow(0, 0, 1024).abs().max().item<double>(), 0.0) << "rows before the range written";
+    EXPECT_EQ(whole.narrow(0, 3072, 1024).abs().max().item<double>(), 0.0) << "rows after the range written";
+    ++products;
+  }
+  testing::Report("products the GEMM of our own ran", static_cast<double>(engine::HopperGemmRuns() - runs_before));
+  EXPECT_EQ(engine::HopperGemmRuns() - runs_before, ExpectHopperGemm() ? products : 0);
+
+  // Small products stay with torch::mm, as does every product with the setting off.
+  const int64_t runs_small = engine::HopperGemmRuns();
+  const torch::Tensor a = torch::randn({512, 256}, opts), b = torch::randn({1024, 256}, opts);
+  EXPECT_LE(RelativeError(engine::ProductWithTransposed(a, b), torch::mm(a, b.t())), Tolerance());
+  EXPECT_EQ(engine::HopperGemmRuns(), runs_small);
+  engine::SetHopperGemm(false);
+  const torch::Tensor x = torch::randn({2048, 1024}, opts), w = torch::randn({2048, 1024}, opts);
+  EXPECT_TRUE(torch::equal(engine::ProductWithTransposed(x, w), torch::mm(x, w.t())));
+  EXPECT_EQ(engine::HopperGemmRuns(), runs_small);
+  engine::SetHopperGemm(true);
+}
+
+// The widened LoRA groups (engine/linear_group.h) give the same outputs and
+// gradients with the GEMM of our own as without it: a q|k|v-like group (its
+// input gradient g [W | sB]) and a down-like one (input wider than output:
+// [g | u] [W ; A], the LoRA term inside the GEMM), at sizes it takes.
+TEST(Gemm, WidenedGroupsSameWithAndWithout) {
+  torch::manual_seed(11);
+  const auto opts = torch::TensorOptions().dtype(TorchTestDtype()).device(TorchTestDevice());
+  const auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(TorchTestDevice());
+  struct Shape {
+    int64_t in;
+    std::vector<int64_t> outs;
+  };
+  for (const Shape& shape : {Shape{1024, {1024, 256, 256}}, Shape{2816, {1024}}}) {
+    std::vector<engine::Linear> layers(shape.outs.size());
+    for (size_t i = 0; i < layers.size(); ++i) {
+      layers[i].name = "layer" + std::to_string(i);
+      layers[i].weight = torch::randn({shape.outs[i], shape.in}, opts) * 0.03;
+      engine::LoraWeights lora;
+      lora.a = (torch::randn({8, shape.in}, f32) * 0.03).set_requires_grad(true);
+      lora.b = (torch::randn({shape.outs[i], 8}, f32) * 0.03).set_requires_grad(true);
+      lora.scaling = 2.0;
+      layers[i].lora = lora;
+    }
+    engine::LinearGroup group;
+    std::vector<engine::Linear*> to_widen;
+    std::vector<const engine::Linear*> members;
+    for (auto& l : layers) {
+      to_widen.push_back(&l);
+      members.push_back(&l);
+    }
+    engine::Widen(group, to_widen);
+    const torch::Tensor p = torch::randn({2048, shape.in}, opts);
+    const torch::Tensor weights = torch::randn({2048, 1}, f32);
+    // Outputs, then the gradients of a loss weighing every output differently.
+    auto run = [&](bool on) {
+      engine::SetHopperGemm(on);
+      for (auto& l : layers) {
+        l.lora->a.mutable_grad() = torch::Tensor();
+        l.lora->b.mutable_grad() = torch::Tensor();
+      }
+      torch::Tensor x = p.clone().requires_grad_(true);
+      std::vector<torch::Tensor> ys = engine::ForwardGroup(group, members, x);
+      torch::Tensor loss = torch::zeros({}, f32);
+      for (size_t i = 0; i < ys.size(); ++i) {
+        loss = loss + (ys[i].to(torch::kFloat32) * weights * static_cast<double>(i + 1)).sum();
+      }
+      loss.backward();
+      std::vector<torch::Tensor> results;
+      for (const auto& y : ys) results.push_back(y.detach().clone());
+      results.push_back(x.grad().clone());
+      for (auto& l : layers) {
+        results.push_back(l.lora->a.grad().clone());
+        results.push_back(l.lora->b.grad().clone());
+      }
+      return results;
+    };
+    const int64_t runs_before = engine::HopperGemmRuns();
+    const std::vector<torch::Tensor> with = run(true);
+    const int64_t runs = engine::HopperGemmRuns() - runs_before;
+    const std::vector<torch::Tensor> without = run(false);
+    engine::SetHopperGemm(true);
+    // The forward's widened product and the input gradient's.
+    EXPECT_EQ(runs, ExpectHopperGemm() ? 2 : 0) << "in " << shape.in;
+    ASSERT_EQ(with.size(), without.size());
+    for (size_t i = 0; i < with.size(); ++i) {
+      EXPECT_LE(RelativeError(with[i], without[i]), 2 * Tolerance()) << "in " << shape.in << ", result " << i;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace trainerd
