@@ -9,7 +9,7 @@
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -lineinfo -I. -o /tmp/hopper_gemm
 //        bench/gemm/hopper_gemm.cu engine/kernels/hopper_gemm.cu -lcublas
 //   /tmp/hopper_gemm            # every check, then every timing
-//   /tmp/hopper_gemm check | time
+//   /tmp/hopper_gemm check | time [NAME PART]   # one of them; timings of some cases
 // The kernel's compile-time knobs (-D; engine/kernels/hopper_gemm.cu) build
 // variants to time: HG_STAGES, HG_GROUP, HG_STMATRIX, HG_FAST_SILU, HG_PROBE
 // (probes that leave out part of the epilogue: their checks fail).
@@ -331,6 +331,7 @@ void Time(const Case& c) {
 
 int main(int argc, char** argv) {
   const std::string what = argc > 1 ? argv[1] : "all";
+  const std::string only = argc > 2 ? argv[2] : "";  // time only the cases whose name holds this
   cudaDeviceProp prop;
   CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   std::printf("%s, %d SMs, sm_%d%d\n", prop.name, prop.multiProcessorCount, prop.major, prop.minor);
@@ -363,7 +364,9 @@ int main(int argc, char** argv) {
         {"dh of down (W^T)", kPlain, true, 8192, 14336, 4112},
         {"square 8192", kPlain, false, 8192, 8192, 8192},
     };
-    for (const Case& c : timings) Time(c);
+    for (const Case& c : timings) {
+      if (only.empty() || std::string(c.name).find(only) != std::string::npos) Time(c);
+    }
   }
   std::printf("%s\n", ok ? "all checks passed" : "SOME CHECKS FAILED");
   return ok ? 0 : 1;
