@@ -18,6 +18,7 @@
 #include "engine/linear.h"
 #include "engine/linear_group.h"
 #include "tests/engine/test_support.h"
+#include "tests/engine/wide_rows.h"
 
 namespace trainerd {
 namespace {
@@ -130,7 +131,9 @@ TEST(Gemm, WidenedGroupsSameWithAndWithout) {
         l.lora->a.mutable_grad() = torch::Tensor();
         l.lora->b.mutable_grad() = torch::Tensor();
       }
-      torch::Tensor x = p.clone().requires_grad_(true);
+      // The input as a producer leaves it: rows with the group's spare columns.
+      const torch::Tensor leaf = p.clone().requires_grad_(true);
+      const torch::Tensor x = testing::WideRowsFunction::apply(leaf, group.cols);
       std::vector<torch::Tensor> ys = engine::ForwardGroup(group, members, x);
       torch::Tensor loss = torch::zeros({}, f32);
       for (size_t i = 0; i < ys.size(); ++i) {
@@ -139,7 +142,7 @@ TEST(Gemm, WidenedGroupsSameWithAndWithout) {
       loss.backward();
       std::vector<torch::Tensor> results;
       for (const auto& y : ys) results.push_back(y.detach().clone());
-      results.push_back(x.grad().clone());
+      results.push_back(leaf.grad().clone());
       for (auto& l : layers) {
         results.push_back(l.lora->a.grad().clone());
         results.push_back(l.lora->b.grad().clone());
