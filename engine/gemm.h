@@ -7,8 +7,9 @@
 //
 // The GEMM of our own takes a product when: CUDA, every operand bf16 and 2-D
 // with unit column stride, row strides multiples of 8 elements and data 16-byte
-// aligned, m and n at least 1024 and k at least 256 (smaller products leave
-// its 128 x 256 tiles too few for the SMs); and the setting (below) is on.
+// aligned, n a multiple of 8, the shape one it suits (kernels::HopperGemmSuits:
+// k at least 256, its tiles filling the SMs' waves to 80%); and the setting
+// (below) is on.
 #pragma once
 
 #include <cstdint>

@@ -1,8 +1,9 @@
 // engine/gemm.h: the decoder's products give torch::mm's results in every
 // layout the engine hands them (row views of wider buffers, narrowed weight
 // columns, outputs that are row ranges of a larger gradient), and the GEMM of
-// our own takes exactly the products it should: every bf16 one of these shapes
-// on a Hopper GPU, none in float32, none on the CPU, none with the setting off.
+// our own takes exactly the products it should: on a Hopper GPU the bf16 ones
+// of shapes it suits (kernels::HopperGemmSuits), none in float32, none on the
+// CPU, none with the setting off.
 // Its results against cuBLAS's are the point on the GPU (TRAINERD_TEST_DEVICE
 // =cuda TRAINERD_TEST_DTYPE=bfloat16 on an H100/H200); on the CPU (CI) the
 // dispatch's fall-back is what runs.
@@ -27,12 +28,15 @@ using testing::RelativeError;
 using testing::TorchTestDevice;
 using testing::TorchTestDtype;
 
-// Whether this run's products should go to the GEMM of our own: bf16 on a
-// CUDA device that is a Hopper GPU, in a build that has the kernel.
-bool ExpectHopperGemm() {
+// Whether the GEMM of our own should take an (m x k) (k x n) product in this
+// run: bf16 on a CUDA device, in a build that has the kernel, of a shape it
+// suits on this GPU (a Hopper one; the waves its tiles fill, which depend on
+// the SM count).
+bool Expected(int64_t m, int64_t n, int64_t k) {
 #ifdef TRAINERD_WITH_HOPPER_GEMM
-  return TorchTestDtype() == torch::kBFloat16 && TorchTestDevice().is_cuda() && kernels::HopperGemmSupported();
+  return TorchTestDtype() == torch::kBFloat16 && TorchTestDevice().is_cuda() && kernels::HopperGemmSuits(m, n, k);
 #else
+  (void)m, (void)n, (void)k;
   return false;
 #endif
 }
@@ -46,38 +50,41 @@ TEST(Gemm, MatchesTorchMmInEveryLayout) {
   const auto opts = torch::TensorOptions().dtype(TorchTestDtype()).device(TorchTestDevice());
   engine::SetHopperGemm(true);
   const int64_t runs_before = engine::HopperGemmRuns();
-  int products = 0;
+  int expected = 0;  // products the GEMM of our own should have run
   // x W^T: x the left columns of wider rows (a widened input), W the first
   // rows of a taller matrix (a widened matrix's [W | sB] rows); tails in m
-  // (not a multiple of 128), n (of 256) and k (of 64).
-  for (const auto& shape : std::vector<std::vector<int64_t>>{{2048, 1536, 1040}, {1100, 1032, 1000}}) {
+  // (not a multiple of 128), n (of 256) and k (of 64), then none.
+  for (const auto& shape : std::vector<std::vector<int64_t>>{{4200, 1000, 1000}, {4224, 2048, 1040}}) {
     const int64_t m = shape[0], n = shape[1], k = shape[2];
     const torch::Tensor x = torch::randn({m, k + 24}, opts).narrow(1, 0, k);
     const torch::Tensor w = (torch::randn({n + 40, k}, opts) * 0.05).narrow(0, 0, n);
     const torch::Tensor y = engine::ProductWithTransposed(x, w);
     EXPECT_LE(RelativeError(y, torch::mm(x, w.t())), Tolerance()) << m << " x " << n << " x " << k;
-    ++products;
+    expected += Expected(m, n, k);
   }
   // g W: W's left columns only (a widened matrix's frozen part, rows wider
   // than the product's n), and W whole.
   {
-    const torch::Tensor g = torch::randn({2048, 1536}, opts);
+    const torch::Tensor g = torch::randn({4224, 1536}, opts);
     const torch::Tensor w_wide = torch::randn({1536, 1056}, opts) * 0.05;
     const torch::Tensor w_left = w_wide.narrow(1, 0, 1024);
     EXPECT_LE(RelativeError(engine::Product(g, w_left), torch::mm(g, w_left)), Tolerance());
     EXPECT_LE(RelativeError(engine::Product(g, w_wide), torch::mm(g, w_wide)), Tolerance());
-    products += 2;
+    expected += Expected(4224, 1024, 1536) + Expected(4224, 1056, 1536);
     // Into a row range of a larger gradient (the chunked cross-entropy's).
-    torch::Tensor whole = torch::zeros({4096, 1024}, opts);
-    torch::Tensor out = whole.narrow(0, 1024, 2048);
+    torch::Tensor whole = torch::zeros({8448, 1024}, opts);
+    torch::Tensor out = whole.narrow(0, 2048, 4224);
     engine::ProductInto(out, g, w_left);
     EXPECT_LE(RelativeError(out, torch::mm(g, w_left)), Tolerance());
-    EXPECT_EQ(whole.narrow(0, 0, 1024).abs().max().item<double>(), 0.0) << "rows before the range written";
-    EXPECT_EQ(whole.narrow(0, 3072, 1024).abs().max().item<double>(), 0.0) << "rows after the range written";
-    ++products;
+    EXPECT_EQ(whole.narrow(0, 0, 2048).abs().max().item<double>(), 0.0) << "rows before the range written";
+    EXPECT_EQ(whole.narrow(0, 6272, 2176).abs().max().item<double>(), 0.0) << "rows after the range written";
+    expected += Expected(4224, 1024, 1536);
   }
   testing::Report("products the GEMM of our own ran", static_cast<double>(engine::HopperGemmRuns() - runs_before));
-  EXPECT_EQ(engine::HopperGemmRuns() - runs_before, ExpectHopperGemm() ? products : 0);
+  EXPECT_EQ(engine::HopperGemmRuns() - runs_before, expected);
+  if (Expected(4224, 1024, 1536)) {
+    EXPECT_GE(expected, 3) << "a Hopper GPU takes most of these shapes";
+  }
 
   // Small products stay with torch::mm, as does every product with the setting off.
   const int64_t runs_small = engine::HopperGemmRuns();
@@ -103,7 +110,8 @@ TEST(Gemm, WidenedGroupsSameWithAndWithout) {
     int64_t in;
     std::vector<int64_t> outs;
   };
-  for (const Shape& shape : {Shape{1024, {1024, 256, 256}}, Shape{2816, {1024}}}) {
+  const int64_t tokens = 4224;
+  for (const Shape& shape : {Shape{1024, {1024, 512, 512}}, Shape{2816, {1024}}}) {
     std::vector<engine::Linear> layers(shape.outs.size());
     for (size_t i = 0; i < layers.size(); ++i) {
       layers[i].name = "layer" + std::to_string(i);
@@ -122,8 +130,8 @@ TEST(Gemm, WidenedGroupsSameWithAndWithout) {
       members.push_back(&l);
     }
     engine::Widen(group, to_widen);
-    const torch::Tensor p = torch::randn({2048, shape.in}, opts);
-    const torch::Tensor weights = torch::randn({2048, 1}, f32);
+    const torch::Tensor p = torch::randn({tokens, shape.in}, opts);
+    const torch::Tensor weights = torch::randn({tokens, 1}, f32);
     // Outputs, then the gradients of a loss weighing every output differently.
     auto run = [&](bool on) {
       engine::SetHopperGemm(on);
@@ -154,8 +162,16 @@ TEST(Gemm, WidenedGroupsSameWithAndWithout) {
     const int64_t runs = engine::HopperGemmRuns() - runs_before;
     const std::vector<torch::Tensor> without = run(false);
     engine::SetHopperGemm(true);
-    // The forward's widened product and the input gradient's.
-    EXPECT_EQ(runs, ExpectHopperGemm() ? 2 : 0) << "in " << shape.in;
+    // The forward's widened product [x | xA^T] [W | sB]^T, and the input
+    // gradient's: g [W | sB] where the output is the wider, [g | u] [W ; A]
+    // (the A rows below the weights) where the input is.
+    int64_t outs = 0;
+    for (int64_t out : group.outs) outs += out;
+    const int64_t rows = group.widened.size(0), cols = group.widened.size(1);
+    const bool wider_input = rows > outs;
+    const int expected = Expected(tokens, outs, cols) +
+                         (wider_input ? Expected(tokens, shape.in, rows) : Expected(tokens, cols, outs));
+    EXPECT_EQ(runs, expected) << "in " << shape.in;
     ASSERT_EQ(with.size(), without.size());
     for (size_t i = 0; i < with.size(); ++i) {
       EXPECT_LE(RelativeError(with[i], without[i]), 2 * Tolerance()) << "in " << shape.in << ", result " << i;
