@@ -41,7 +41,7 @@ bool Takes(const torch::Tensor& x, const torch::Tensor& w, bool w_transposed) {
   const int64_t m = x.size(0), k = x.size(1), n = w_transposed ? w.size(1) : w.size(0);
   if (n % 8 != 0 || (w_transposed ? w.size(0) : w.size(1)) != k) return false;
   const c10::cuda::CUDAGuard guard(x.device());
-  return kernels::HopperGemmSuits(m, n, k);
+  return kernels::HopperGemmSuits(m, n, k, w_transposed);
 }
 
 // out = x w^T or x w by the GEMM of our own, for operands it Takes.

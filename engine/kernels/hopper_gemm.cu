@@ -537,9 +537,9 @@ std::string Launch(const GemmMaps& maps, int grid, cudaStream_t stream) {
 
 bool HopperGemmSupported() { return CurrentDevice().hopper; }
 
-bool HopperGemmSuits(int64_t m, int64_t n, int64_t k) {
+bool HopperGemmSuits(int64_t m, int64_t n, int64_t k, bool w_transposed) {
   const DeviceInfo device = CurrentDevice();
-  if (!device.hopper || device.sms <= 0 || m <= 0 || n <= 0 || k < 256) return false;
+  if (w_transposed || !device.hopper || device.sms <= 0 || m <= 0 || n <= 0 || k < 256) return false;
   const int64_t tiles = ((m + kBlockM - 1) / kBlockM) * ((n + kBlockN - 1) / kBlockN);
   const int64_t waves = (tiles + device.sms - 1) / device.sms;
   return 5 * tiles >= 4 * waves * device.sms;
