@@ -17,12 +17,14 @@ namespace {
 
 std::atomic<int64_t> hopper_runs{0};
 
-std::atomic<bool>& Setting() {
-  static std::atomic<bool> on{[] {
+std::atomic<int>& Setting() {
+  static std::atomic<int> level{[] {
     const char* v = std::getenv("TRAINERD_HOPPER_GEMM");
-    return v != nullptr && std::strcmp(v, "1") == 0;
+    if (v == nullptr) return 0;
+    if (std::strcmp(v, "2") == 0) return 2;
+    return std::strcmp(v, "1") == 0 ? 1 : 0;
   }()};
-  return on;
+  return level;
 }
 
 #ifdef TRAINERD_WITH_HOPPER_GEMM
@@ -34,7 +36,7 @@ bool Bf16Rows(const torch::Tensor& t) {
 // Whether the GEMM of our own takes x w^T (w_transposed false: w (n, k)) or
 // x w (w (k, n)) into an output of n columns (see the header).
 bool Takes(const torch::Tensor& x, const torch::Tensor& w, bool w_transposed) {
-  if (!Setting().load(std::memory_order_relaxed) || x.dim() != 2 || w.dim() != 2 || !Bf16Rows(x) || !Bf16Rows(w) ||
+  if (Setting().load(std::memory_order_relaxed) < 1 || x.dim() != 2 || w.dim() != 2 || !Bf16Rows(x) || !Bf16Rows(w) ||
       x.device() != w.device()) {
     return false;
   }
@@ -44,8 +46,10 @@ bool Takes(const torch::Tensor& x, const torch::Tensor& w, bool w_transposed) {
   return kernels::HopperGemmSuits(m, n, k, w_transposed);
 }
 
-// out = x w^T or x w by the GEMM of our own, for operands it Takes.
-void Run(torch::Tensor& out, const torch::Tensor& x, const torch::Tensor& w, bool w_transposed) {
+// out = x w^T or x w by the GEMM of our own, for operands it Takes; with
+// h (SwiGLU, w as stored) h = silu(gate) * up of out = [gate | up] too.
+void Run(torch::Tensor& out, const torch::Tensor& x, const torch::Tensor& w, bool w_transposed,
+         torch::Tensor* h = nullptr) {
   const c10::cuda::CUDAGuard guard(x.device());
   kernels::HopperGemmOperands o;
   o.x = x.data_ptr();
@@ -58,15 +62,20 @@ void Run(torch::Tensor& out, const torch::Tensor& x, const torch::Tensor& w, boo
   o.m = x.size(0);
   o.n = out.size(1);
   o.k = x.size(1);
+  if (h != nullptr) {
+    o.h = h->data_ptr();
+    o.h_stride = h->stride(0);
+  }
   const std::string error =
-      kernels::HopperGemm(o, kernels::HopperEpilogue::kPlain, c10::cuda::getCurrentCUDAStream().stream());
+      kernels::HopperGemm(o, h != nullptr ? kernels::HopperEpilogue::kSwiGlu : kernels::HopperEpilogue::kPlain,
+                          c10::cuda::getCurrentCUDAStream().stream());
   TORCH_CHECK(error.empty(), error);
   hopper_runs.fetch_add(1, std::memory_order_relaxed);
 }
 #else
 bool Bf16Rows(const torch::Tensor&) { return false; }
 bool Takes(const torch::Tensor&, const torch::Tensor&, bool) { return false; }
-void Run(torch::Tensor&, const torch::Tensor&, const torch::Tensor&, bool) {}
+void Run(torch::Tensor&, const torch::Tensor&, const torch::Tensor&, bool, torch::Tensor* = nullptr) {}
 #endif
 
 }  // namespace
@@ -94,9 +103,24 @@ void ProductInto(torch::Tensor& out, const torch::Tensor& x, const torch::Tensor
   }
 }
 
-bool HopperGemmOn() { return Setting().load(); }
+torch::Tensor ProductWithTransposedSwiGlu(const torch::Tensor& x, const torch::Tensor& w, int64_t h_spare_columns,
+                                          torch::Tensor* h) {
+  const int64_t f = w.dim() == 2 ? w.size(0) / 2 : 0;
+  if (Setting().load(std::memory_order_relaxed) < 2 || f == 0 || w.size(0) % 16 != 0 || h_spare_columns % 8 != 0 ||
+      !Takes(x, w, /*w_transposed=*/false)) {
+    return {};
+  }
+  torch::Tensor rows = torch::empty({x.size(0), f + h_spare_columns}, x.options());
+  torch::Tensor made = rows.narrow(1, 0, f);
+  torch::Tensor out = torch::empty({x.size(0), w.size(0)}, x.options());
+  Run(out, x, w, /*w_transposed=*/false, &made);
+  *h = made;
+  return out;
+}
 
-void SetHopperGemm(bool on) { Setting().store(on); }
+int HopperGemmLevel() { return Setting().load(); }
+
+void SetHopperGemm(int level) { Setting().store(level); }
 
 int64_t HopperGemmRuns() { return hopper_runs.load(); }
 

@@ -27,11 +27,20 @@ torch::Tensor Product(const torch::Tensor& x, const torch::Tensor& w);
 // out (m, n) = x w, out written in place (rows may be a view's): torch::mm_out.
 void ProductInto(torch::Tensor& out, const torch::Tensor& x, const torch::Tensor& w);
 
-// Whether the GEMM of our own may take products: off unless the environment
-// sets TRAINERD_HOPPER_GEMM=1 (read once), or SetHopperGemm says otherwise.
-// Off by default until the training step is measured faster with it.
-bool HopperGemmOn();
-void SetHopperGemm(bool on);
+// x w^T for w (2f, k), gate's rows then up's, with SwiGLU in the same GEMM:
+// returns [gate | up] (m, 2f) and sets *h to h = silu(gate) * up (m, f), the
+// left columns of rows f + h_spare_columns wide (room for the next group),
+// where the GEMM of our own takes it (the setting at level 2, and as for
+// ProductWithTransposed); else returns an undefined tensor.
+torch::Tensor ProductWithTransposedSwiGlu(const torch::Tensor& x, const torch::Tensor& w, int64_t h_spare_columns,
+                                          torch::Tensor* h);
+
+// How much the GEMM of our own may take: 0 nothing, 1 the products above, 2
+// those and SwiGLU in gate|up's GEMM. From the environment's
+// TRAINERD_HOPPER_GEMM (read once; 0 when unset), or SetHopperGemm. Off by
+// default until the training step is measured faster with it.
+int HopperGemmLevel();
+void SetHopperGemm(int level);
 
 // Products the GEMM of our own has run in this process (tests count them).
 int64_t HopperGemmRuns();

@@ -15,6 +15,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "engine/fused_ops.h"
 #include "engine/kernels/hopper_gemm.h"
 #include "engine/linear.h"
 #include "engine/linear_group.h"
@@ -176,6 +177,69 @@ TEST(Gemm, WidenedGroupsSameWithAndWithout) {
     for (size_t i = 0; i < with.size(); ++i) {
       EXPECT_LE(RelativeError(with[i], without[i]), 2 * Tolerance()) << "in " << shape.in << ", result " << i;
     }
+  }
+}
+
+// SwiGLU in gate|up's GEMM (the setting's level 2): the group's GEMM makes h
+// = silu(gate) * up in rows with the next group's spare columns, and
+// FusedSwiGlu given it returns it as its node's output: the same h, loss and
+// gradients as SwiGLU's own pass (level 1), on a gate|up-like group.
+TEST(Gemm, SwiGluInGateUpsGemm) {
+  torch::manual_seed(13);
+  const auto opts = torch::TensorOptions().dtype(TorchTestDtype()).device(TorchTestDevice());
+  const auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(TorchTestDevice());
+  const int64_t tokens = 4224, in = 1024, f = 2048, spare = 16;
+  std::vector<engine::Linear> layers(2);
+  for (size_t i = 0; i < layers.size(); ++i) {
+    layers[i].name = i == 0 ? "gate" : "up";
+    layers[i].weight = torch::randn({f, in}, opts) * 0.03;
+    engine::LoraWeights lora;
+    lora.a = (torch::randn({8, in}, f32) * 0.03).set_requires_grad(true);
+    lora.b = (torch::randn({f, 8}, f32) * 0.03).set_requires_grad(true);
+    lora.scaling = 2.0;
+    layers[i].lora = lora;
+  }
+  engine::LinearGroup group;
+  engine::Widen(group, {&layers[0], &layers[1]});
+  const std::vector<const engine::Linear*> members{&layers[0], &layers[1]};
+  const torch::Tensor p = torch::randn({tokens, in}, opts);
+  const torch::Tensor weights = torch::randn({1, f}, f32);
+  bool made = false;
+  auto run = [&](int level) {
+    engine::SetHopperGemm(level);
+    for (auto& l : layers) {
+      l.lora->a.mutable_grad() = torch::Tensor();
+      l.lora->b.mutable_grad() = torch::Tensor();
+    }
+    const torch::Tensor leaf = p.clone().requires_grad_(true);
+    const torch::Tensor x = testing::WideRowsFunction::apply(leaf, group.cols);
+    engine::SwiGluOutput swiglu{spare, {}};
+    const std::vector<torch::Tensor> gate_up = engine::ForwardGroup(group, members, x, {}, {}, &swiglu);
+    made = swiglu.h.defined();
+    if (made) {
+      EXPECT_EQ(swiglu.h.stride(0), f + spare);
+      EXPECT_EQ(swiglu.h.size(1), f);
+    }
+    const torch::Tensor h = engine::FusedSwiGlu(gate_up[0], gate_up[1], spare, swiglu.h);
+    if (made) {
+      EXPECT_EQ(h.data_ptr(), swiglu.h.data_ptr()) << "the node returns the GEMM's output";
+    }
+    (h.to(torch::kFloat32) * weights).sum().backward();
+    std::vector<torch::Tensor> results{h.detach().clone(), leaf.grad().clone()};
+    for (auto& l : layers) {
+      results.push_back(l.lora->a.grad().clone());
+      results.push_back(l.lora->b.grad().clone());
+    }
+    return results;
+  };
+  const std::vector<torch::Tensor> with = run(2);
+  const bool made_with = made;
+  const std::vector<torch::Tensor> without = run(1);
+  EXPECT_FALSE(made) << "level 1 leaves SwiGLU to its own pass";
+  engine::SetHopperGemm(1);
+  EXPECT_EQ(made_with, Expected(tokens, 2 * f, in + group.cols, false));
+  for (size_t i = 0; i < with.size(); ++i) {
+    EXPECT_LE(RelativeError(with[i], without[i]), 2 * Tolerance()) << "result " << i;
   }
 }
 
