@@ -334,7 +334,8 @@ int main(int argc, char** argv) {
   const std::string only = argc > 2 ? argv[2] : "";  // time only the cases whose name holds this
   cudaDeviceProp prop;
   CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
-  std::printf("%s, %d SMs, sm_%d%d\n", prop.name, prop.multiProcessorCount, prop.major, prop.minor);
+  std::printf("%s, %d SMs, sm_%d%d; kernel: %s\n", prop.name, prop.multiProcessorCount, prop.major, prop.minor,
+              trainerd::kernels::HopperGemmBuild().c_str());
   constexpr HopperEpilogue kPlain = HopperEpilogue::kPlain, kSwiGlu = HopperEpilogue::kSwiGlu;
   bool ok = true;
   if (what == "all" || what == "check") {

@@ -537,6 +537,13 @@ std::string Launch(const GemmMaps& maps, int grid, cudaStream_t stream) {
 
 bool HopperGemmSupported() { return CurrentDevice().hopper; }
 
+std::string HopperGemmBuild() {
+  return "stages " + std::to_string(kStages) + ", group " + std::to_string(HG_GROUP) + ", stmatrix " +
+         std::to_string(HG_STMATRIX) + ", fast silu " + std::to_string(HG_FAST_SILU) + ", tile epilogue " +
+         std::to_string(HG_TILE_EPILOGUE) + ", probe " + std::to_string(HG_PROBE) + ", " +
+         std::to_string(kSmemBytes) + " bytes of shared memory a block";
+}
+
 bool HopperGemmSuits(int64_t m, int64_t n, int64_t k, bool w_transposed) {
   const DeviceInfo device = CurrentDevice();
   if (w_transposed || !device.hopper || device.sms <= 0 || m <= 0 || n <= 0 || k < 256) return false;

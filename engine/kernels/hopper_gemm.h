@@ -59,6 +59,10 @@ enum class HopperEpilogue {
 // shapes (n 4128: a last column of tiles 32 wide; bench/speed/NOTES.md).
 [[nodiscard]] bool HopperGemmSuits(int64_t m, int64_t n, int64_t k, bool w_transposed);
 
+// The kernel's compile-time settings (engine/kernels/hopper_gemm.cu's HG_*),
+// for a measurement's log: "stages 4, group 16, ...".
+[[nodiscard]] std::string HopperGemmBuild();
+
 // Launches the product on `stream` (asynchronous). Returns "" on success, or
 // why it did not launch (device, alignment, shapes) or the launch's CUDA error:
 // nothing was written then.
