@@ -118,8 +118,6 @@ torch::Tensor ProductWithTransposedSwiGlu(const torch::Tensor& x, const torch::T
   return out;
 }
 
-int HopperGemmLevel() { return Setting().load(); }
-
 void SetHopperGemm(int level) { Setting().store(level); }
 
 int64_t HopperGemmRuns() { return hopper_runs.load(); }

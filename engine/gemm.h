@@ -1,15 +1,16 @@
 // The decoder's large products, x W^T (a linear layer's forward) and g W (its
 // input gradient), on the fastest path the device has: on a Hopper GPU with
-// bf16 operands the GEMM of our own (engine/kernels/hopper_gemm.h; 1-4% ahead
-// of cuBLAS at the 8b row's shapes, bench/speed/NOTES.md), elsewhere
-// torch::mm. Same shapes, dtypes and results (to bf16 rounding of a
-// different summation order) as torch::mm either way.
+// bf16 operands the GEMM of our own (engine/kernels/hopper_gemm.h) where its
+// shape rule says it beats cuBLAS (today x W^T only: 1-4% ahead at the 8b
+// row's shapes; g W ran behind, bench/speed/NOTES.md), elsewhere torch::mm.
+// Same shapes, dtypes and results (to bf16 rounding of a different summation
+// order) as torch::mm either way.
 //
 // The GEMM of our own takes a product when: CUDA, every operand bf16 and 2-D
 // with unit column stride, row strides multiples of 8 elements and data 16-byte
 // aligned, n a multiple of 8, the shape one it suits (kernels::HopperGemmSuits:
-// k at least 256, its tiles filling the SMs' waves to 80%); and the setting
-// (below) is on.
+// k at least 256, its tiles filling the SMs' waves to 80%, W as stored); and
+// the setting (below) is on.
 #pragma once
 
 #include <cstdint>
@@ -39,7 +40,6 @@ torch::Tensor ProductWithTransposedSwiGlu(const torch::Tensor& x, const torch::T
 // those and SwiGLU in gate|up's GEMM. From the environment's
 // TRAINERD_HOPPER_GEMM (read once; 0 when unset), or SetHopperGemm. Off by
 // default until the training step is measured faster with it.
-int HopperGemmLevel();
 void SetHopperGemm(int level);
 
 // Products the GEMM of our own has run in this process (tests count them).

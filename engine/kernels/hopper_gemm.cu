@@ -535,8 +535,6 @@ std::string Launch(const GemmMaps& maps, int grid, cudaStream_t stream) {
 
 }  // namespace
 
-bool HopperGemmSupported() { return CurrentDevice().hopper; }
-
 std::string HopperGemmBuild() {
   return "stages " + std::to_string(kStages) + ", group " + std::to_string(HG_GROUP) + ", stmatrix " +
          std::to_string(HG_STMATRIX) + ", fast silu " + std::to_string(HG_FAST_SILU) + ", tile epilogue " +

@@ -46,17 +46,15 @@ enum class HopperEpilogue {
   kSwiGlu,
 };
 
-// Whether the current CUDA device can run the kernel (compute capability 9.0).
-[[nodiscard]] bool HopperGemmSupported();
-
 // Whether the kernel should take an (m x k) (k x n) product on the current
-// device, rather than cuBLAS: it is supported, k is at least 256, the 128 x
-// 256 tiles fill the waves of one tile an SM to at least 80% (the last wave's
-// idle SMs cost what they would have run; the kernel splits no product along
-// k, so a short wide product such as a 2,093-row chunk of the lm_head's input
-// gradient, 272 tiles on 132 SMs, is cuBLAS's), and W is as stored: with W
-// transposed it ran 12-13% behind cuBLAS at the 8b row's input-gradient
-// shapes (n 4128: a last column of tiles 32 wide; bench/speed/NOTES.md).
+// device, rather than cuBLAS: a Hopper GPU (compute capability 9.0), k at
+// least 256, the 128 x 256 tiles filling the waves of one tile an SM to at
+// least 80% (the last wave's idle SMs cost what they would have run; the
+// kernel splits no product along k, so a short wide product such as a
+// 2,093-row chunk of the lm_head's input gradient, 272 tiles on 132 SMs, is
+// cuBLAS's), and W as stored: with W transposed it ran 12-13% behind cuBLAS
+// at the 8b row's input-gradient shapes (n 4128: a last column of tiles 32
+// wide; bench/speed/NOTES.md).
 [[nodiscard]] bool HopperGemmSuits(int64_t m, int64_t n, int64_t k, bool w_transposed);
 
 // The kernel's compile-time settings (engine/kernels/hopper_gemm.cu's HG_*),

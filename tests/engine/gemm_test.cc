@@ -46,6 +46,40 @@ bool Expected(int64_t m, int64_t n, int64_t k, bool w_transposed) {
 // the output is rounded to 8 bits of mantissa), or of the same call.
 double Tolerance() { return TorchTestDtype() == torch::kBFloat16 ? 1e-2 : 1e-6; }
 
+// Layers of width outs[i] on an input of `in`, each with a rank-8 LoRA
+// (float32 parameters that want gradients), named by `names`.
+std::vector<engine::Linear> LoraLayers(int64_t in, const std::vector<int64_t>& outs,
+                                       const std::vector<std::string>& names) {
+  const auto opts = torch::TensorOptions().dtype(TorchTestDtype()).device(TorchTestDevice());
+  const auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(TorchTestDevice());
+  std::vector<engine::Linear> layers(outs.size());
+  for (size_t i = 0; i < layers.size(); ++i) {
+    layers[i].name = names[i];
+    layers[i].weight = torch::randn({outs[i], in}, opts) * 0.03;
+    engine::LoraWeights lora;
+    lora.a = (torch::randn({8, in}, f32) * 0.03).set_requires_grad(true);
+    lora.b = (torch::randn({outs[i], 8}, f32) * 0.03).set_requires_grad(true);
+    lora.scaling = 2.0;
+    layers[i].lora = lora;
+  }
+  return layers;
+}
+
+void ClearLoraGradients(std::vector<engine::Linear>& layers) {
+  for (auto& l : layers) {
+    l.lora->a.mutable_grad() = torch::Tensor();
+    l.lora->b.mutable_grad() = torch::Tensor();
+  }
+}
+
+// Every layer's dA and dB, in order, appended to `results`.
+void AppendLoraGradients(const std::vector<engine::Linear>& layers, std::vector<torch::Tensor>& results) {
+  for (const auto& l : layers) {
+    results.push_back(l.lora->a.grad().clone());
+    results.push_back(l.lora->b.grad().clone());
+  }
+}
+
 TEST(Gemm, MatchesTorchMmInEveryLayout) {
   torch::manual_seed(3);
   const auto opts = torch::TensorOptions().dtype(TorchTestDtype()).device(TorchTestDevice());
@@ -113,16 +147,9 @@ TEST(Gemm, WidenedGroupsSameWithAndWithout) {
   };
   const int64_t tokens = 4224;
   for (const Shape& shape : {Shape{1024, {1024, 512, 512}}, Shape{2816, {1024}}}) {
-    std::vector<engine::Linear> layers(shape.outs.size());
-    for (size_t i = 0; i < layers.size(); ++i) {
-      layers[i].name = "layer" + std::to_string(i);
-      layers[i].weight = torch::randn({shape.outs[i], shape.in}, opts) * 0.03;
-      engine::LoraWeights lora;
-      lora.a = (torch::randn({8, shape.in}, f32) * 0.03).set_requires_grad(true);
-      lora.b = (torch::randn({shape.outs[i], 8}, f32) * 0.03).set_requires_grad(true);
-      lora.scaling = 2.0;
-      layers[i].lora = lora;
-    }
+    std::vector<std::string> names;
+    for (size_t i = 0; i < shape.outs.size(); ++i) names.push_back("layer" + std::to_string(i));
+    std::vector<engine::Linear> layers = LoraLayers(shape.in, shape.outs, names);
     engine::LinearGroup group;
     std::vector<engine::Linear*> to_widen;
     std::vector<const engine::Linear*> members;
@@ -136,10 +163,7 @@ TEST(Gemm, WidenedGroupsSameWithAndWithout) {
     // Outputs, then the gradients of a loss weighing every output differently.
     auto run = [&](bool on) {
       engine::SetHopperGemm(on);
-      for (auto& l : layers) {
-        l.lora->a.mutable_grad() = torch::Tensor();
-        l.lora->b.mutable_grad() = torch::Tensor();
-      }
+      ClearLoraGradients(layers);
       // The input as a producer leaves it: rows with the group's spare columns.
       const torch::Tensor leaf = p.clone().requires_grad_(true);
       const torch::Tensor x = testing::WideRowsFunction::apply(leaf, group.cols);
@@ -152,10 +176,7 @@ TEST(Gemm, WidenedGroupsSameWithAndWithout) {
       std::vector<torch::Tensor> results;
       for (const auto& y : ys) results.push_back(y.detach().clone());
       results.push_back(leaf.grad().clone());
-      for (auto& l : layers) {
-        results.push_back(l.lora->a.grad().clone());
-        results.push_back(l.lora->b.grad().clone());
-      }
+      AppendLoraGradients(layers, results);
       return results;
     };
     const int64_t runs_before = engine::HopperGemmRuns();
@@ -189,16 +210,7 @@ TEST(Gemm, SwiGluInGateUpsGemm) {
   const auto opts = torch::TensorOptions().dtype(TorchTestDtype()).device(TorchTestDevice());
   const auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(TorchTestDevice());
   const int64_t tokens = 4224, in = 1024, f = 2048, spare = 16;
-  std::vector<engine::Linear> layers(2);
-  for (size_t i = 0; i < layers.size(); ++i) {
-    layers[i].name = i == 0 ? "gate" : "up";
-    layers[i].weight = torch::randn({f, in}, opts) * 0.03;
-    engine::LoraWeights lora;
-    lora.a = (torch::randn({8, in}, f32) * 0.03).set_requires_grad(true);
-    lora.b = (torch::randn({f, 8}, f32) * 0.03).set_requires_grad(true);
-    lora.scaling = 2.0;
-    layers[i].lora = lora;
-  }
+  std::vector<engine::Linear> layers = LoraLayers(in, {f, f}, {"gate", "up"});
   engine::LinearGroup group;
   engine::Widen(group, {&layers[0], &layers[1]});
   const std::vector<const engine::Linear*> members{&layers[0], &layers[1]};
@@ -207,10 +219,7 @@ TEST(Gemm, SwiGluInGateUpsGemm) {
   bool made = false;
   auto run = [&](int level) {
     engine::SetHopperGemm(level);
-    for (auto& l : layers) {
-      l.lora->a.mutable_grad() = torch::Tensor();
-      l.lora->b.mutable_grad() = torch::Tensor();
-    }
+    ClearLoraGradients(layers);
     const torch::Tensor leaf = p.clone().requires_grad_(true);
     const torch::Tensor x = testing::WideRowsFunction::apply(leaf, group.cols);
     engine::SwiGluOutput swiglu{spare, {}};
@@ -226,10 +235,7 @@ TEST(Gemm, SwiGluInGateUpsGemm) {
     }
     (h.to(torch::kFloat32) * weights).sum().backward();
     std::vector<torch::Tensor> results{h.detach().clone(), leaf.grad().clone()};
-    for (auto& l : layers) {
-      results.push_back(l.lora->a.grad().clone());
-      results.push_back(l.lora->b.grad().clone());
-    }
+    AppendLoraGradients(layers, results);
     return results;
   };
   const std::vector<torch::Tensor> with = run(2);
