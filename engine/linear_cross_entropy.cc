@@ -3,7 +3,6 @@
 #include <algorithm>
 
 #include "engine/fused_ops.h"
-#include "engine/gemm.h"
 
 namespace trainerd::engine {
 namespace {
@@ -28,14 +27,14 @@ class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossE
       // Logits in the model dtype (as the reference makes them); the fused op
       // turns them into each row's loss (float32 math) and, in place, into
       // d loss / d logits = softmax - onehot(target), zero on unlabelled rows.
-      torch::Tensor logits = ProductWithTransposed(h, weight);  // (rows, V)
+      torch::Tensor logits = torch::mm(h, weight.t());  // (rows, V)
       const bool need_grad = need_hidden || need_weight;
       loss.add_(FusedSoftmaxCrossEntropyRows(logits, t, ignore_index, need_grad).sum());
       if (!need_grad) continue;
       const torch::Tensor& d_logits = logits;
       if (need_hidden) {
         torch::Tensor out = grad_hidden.narrow(0, start, rows);
-        ProductInto(out, d_logits, weight);
+        torch::mm_out(out, d_logits, weight);
       }
       if (need_weight) grad_weight.add_(torch::mm(d_logits.t(), h).to(torch::kFloat32));
     }

@@ -5,7 +5,6 @@
 #include <vector>
 
 #include "engine/fused_ops.h"
-#include "engine/gemm.h"
 #include "engine/lora_dropout.h"
 
 namespace trainerd::engine {
@@ -115,7 +114,7 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
   static tensor_list forward(AutogradContext* ctx, const torch::Tensor& x, at::TensorList lora,
                              const LinearGroup& group, const std::vector<double>& scaling,
                              const InputRecipe& recipe, const DropoutMasks& dropout,
-                             const std::vector<double>& dropout_p, SwiGluOutput* swiglu) {
+                             const std::vector<double>& dropout_p) {
     const int64_t n = x.size(0), in = group.in, cols = group.cols;
     const int64_t rank = Sum(group.ranks);
     bool any_dropout = false;
@@ -176,12 +175,7 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
         lora_product(t);
       }
       if (cols > rank) x_ext.narrow(1, in + rank, cols - rank).zero_();
-      if (swiglu != nullptr && !group.bias.defined() && group.outs.size() == 2 && group.outs[0] == group.outs[1]) {
-        y = ProductWithTransposedSwiGlu(x_ext, top, swiglu->spare_columns, &swiglu->h);
-      }
-      if (!y.defined()) {
-        y = group.bias.defined() ? torch::addmm(group.bias, x_ext, top.t()) : ProductWithTransposed(x_ext, top);
-      }
+      y = group.bias.defined() ? torch::addmm(group.bias, x_ext, top.t()) : torch::mm(x_ext, top.t());
     } else {
       // No room left by the producer (attention's output, for o; cols > 0,
       // so rank > 0): the LoRA term first, t (sB)^T by a thin product, then
@@ -273,7 +267,7 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
     if (need_x && !lora_term_in_gemm && !dense) {
       // g [W | sB | 0] = [g W | u | 0]: the input gradient and u from one
       // GEMM, then u A added (disjoint columns of the one product).
-      const torch::Tensor grad_ext = Product(g, top);
+      const torch::Tensor grad_ext = torch::mm(g, top);
       grad_x = grad_ext.narrow(1, 0, in);
       if (rank > 0) {
         u = grad_ext.narrow(1, in, rank);
@@ -290,10 +284,10 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
         u = g_ext.narrow(1, out_total, rank);
         at::mm_out(u, g, sb);
         if (a_rows > rank) g_ext.narrow(1, out_total + rank, a_rows - rank).zero_();
-        grad_x = Product(g_ext, widened.narrow(1, 0, in));
+        grad_x = torch::mm(g_ext, widened.narrow(1, 0, in));
       } else {
         u = torch::mm(g, sb);
-        grad_x = Product(ConcatPadded(g, u, widened.size(0)), widened.narrow(1, 0, in));
+        grad_x = torch::mm(ConcatPadded(g, u, widened.size(0)), widened.narrow(1, 0, in));
       }
     } else {
       // u first, a thin product over g; then the input gradient, if needed,
@@ -305,7 +299,7 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
         grad_x = torch::mm(u, a_cat);
         grad_x.addmm_(g, top.narrow(1, 0, in));
       } else if (need_x) {
-        grad_x = Product(g, top.narrow(1, 0, in));
+        grad_x = torch::mm(g, top.narrow(1, 0, in));
       }
     }
     // u^T x (rank, in); with dropout, member by member through the masks,
@@ -367,7 +361,6 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
     result.push_back(torch::Tensor());  // recipe
     result.push_back(torch::Tensor());  // dropout
     result.push_back(torch::Tensor());  // dropout_p
-    result.push_back(torch::Tensor());  // swiglu
     return result;
   }
 
@@ -540,7 +533,7 @@ void Widen(LinearGroup& group, const std::vector<Linear*>& members) {
 
 std::vector<torch::Tensor> ForwardGroup(const LinearGroup& group, const std::vector<const Linear*>& members,
                                         const torch::Tensor& x, const InputRecipe& recipe,
-                                        const DropoutMasks& dropout, SwiGluOutput* swiglu) {
+                                        const DropoutMasks& dropout) {
   std::vector<torch::Tensor> outputs;
   if (!WidenedLayoutFits(group, members)) {
     for (size_t i = 0; i < members.size(); ++i) {
@@ -554,8 +547,7 @@ std::vector<torch::Tensor> ForwardGroup(const LinearGroup& group, const std::vec
   std::vector<torch::Tensor> lora;
   std::vector<double> scaling, dropout_p;
   LoraOf(members, &lora, &scaling, &dropout_p);
-  tensor_list ys =
-      WidenedGroupFunction::apply(x2, at::TensorList(lora), group, scaling, recipe, dropout, dropout_p, swiglu);
+  tensor_list ys = WidenedGroupFunction::apply(x2, at::TensorList(lora), group, scaling, recipe, dropout, dropout_p);
   for (size_t i = 0; i < members.size(); ++i) {
     std::vector<int64_t> shape = x.sizes().vec();
     shape.back() = group.outs[i];

@@ -1,4 +1,4 @@
-// Checks the Hopper GEMM (engine/kernels/hopper_gemm.h: D = X W^T in bf16
+// Checks the Hopper GEMM (bench/gemm/hopper_gemm_kernel.h: D = X W^T in bf16
 // with float32 accumulation, W as stored or transposed, SwiGLU's forward as
 // an optional epilogue) against cuBLAS and float64, and times it beside
 // cuBLAS at the 8b row's shapes. The question it answers (bench/speed/NOTES.md,
@@ -7,18 +7,22 @@
 //
 // Build and run on the GPU machine, from the repository root:
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -lineinfo -I. -o /tmp/hopper_gemm
-//        bench/gemm/hopper_gemm.cu engine/kernels/hopper_gemm.cu -lcublas
+//        bench/gemm/hopper_gemm.cu bench/gemm/hopper_gemm_kernel.cu -lcublas -ldl
+// (or the CMake build's hopper_gemm_bench, built wherever nvcc and cuBLAS are)
 //   /tmp/hopper_gemm            # every check, then every timing
 //   /tmp/hopper_gemm check | time [NAME PART]   # one of them; timings of some cases
-// The kernel's compile-time knobs (-D; engine/kernels/hopper_gemm.cu) build
+//   /tmp/hopper_gemm energy [NAME PART]   # joules a launch at the power cap (NVML)
+// The kernel's compile-time knobs (-D; hopper_gemm_kernel.cu) build
 // variants to time: HG_STAGES, HG_GROUP, HG_STMATRIX, HG_FAST_SILU, HG_PROBE
 // (probes that leave out part of the epilogue: their checks fail).
 #include <cublas_v2.h>
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -28,7 +32,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/kernels/hopper_gemm.h"
+#include "bench/gemm/hopper_gemm_kernel.h"
 
 namespace {
 
@@ -327,6 +331,94 @@ void Time(const Case& c) {
   cudaStreamDestroy(stream);
 }
 
+// The driver's NVML, opened at run time (no header or library at build time):
+// the card's energy counter (millijoules since the driver loaded), its power
+// and its SM clock.
+class Nvml {
+ public:
+  Nvml() {
+    void* lib = dlopen("libnvidia-ml.so.1", RTLD_NOW);
+    if (lib == nullptr) return;
+    auto init = reinterpret_cast<int (*)()>(dlsym(lib, "nvmlInit_v2"));
+    auto handle = reinterpret_cast<int (*)(unsigned, void**)>(dlsym(lib, "nvmlDeviceGetHandleByIndex_v2"));
+    energy_ = reinterpret_cast<int (*)(void*, unsigned long long*)>(dlsym(lib, "nvmlDeviceGetTotalEnergyConsumption"));
+    power_ = reinterpret_cast<int (*)(void*, unsigned*)>(dlsym(lib, "nvmlDeviceGetPowerUsage"));
+    clock_ = reinterpret_cast<int (*)(void*, int, unsigned*)>(dlsym(lib, "nvmlDeviceGetClockInfo"));
+    int device = 0;
+    CHECK_CUDA(cudaGetDevice(&device));
+    ok_ = init != nullptr && handle != nullptr && energy_ != nullptr && power_ != nullptr && clock_ != nullptr &&
+          init() == 0 && handle(static_cast<unsigned>(device), &device_) == 0;
+  }
+  bool ok() const { return ok_; }
+  double Joules() const {
+    unsigned long long mj = 0;
+    energy_(device_, &mj);
+    return mj / 1000.0;
+  }
+  double Watts() const {
+    unsigned mw = 0;
+    power_(device_, &mw);
+    return mw / 1000.0;
+  }
+  unsigned SmMhz() const {
+    unsigned mhz = 0;
+    clock_(device_, /*NVML_CLOCK_SM*/ 1, &mhz);
+    return mhz;
+  }
+
+ private:
+  bool ok_ = false;
+  void* device_ = nullptr;
+  int (*energy_)(void*, unsigned long long*) = nullptr;
+  int (*power_)(void*, unsigned*) = nullptr;
+  int (*clock_)(void*, int, unsigned*) = nullptr;
+};
+
+// Each contestant run back to back for a few seconds, as a training step runs
+// its GEMMs (at the card's power cap): milliseconds and joules a launch, with
+// the power and SM clock sampled meanwhile. At the cap, joules a launch is
+// what sets a step's time; a kernel faster alone but not cheaper in energy
+// gains nothing there.
+void Energy(const Case& c, const Nvml& nvml) {
+  const bool swiglu = c.epilogue == HopperEpilogue::kSwiGlu;
+  Contest t(c, /*on_device=*/true);
+  cudaStream_t stream;
+  CHECK_CUDA(cudaStreamCreate(&stream));
+  const int contestants = swiglu ? 3 : 2;
+  const char* names[3] = {"ours", "cuBLAS", "pass"};
+  constexpr double kSeconds = 3.0;
+  for (int round = 0; round < 3; ++round) {  // ours, cuBLAS, ours, cuBLAS, ...: drift shows
+    for (int who = 0; who < contestants; ++who) {
+      auto launch = [&] {
+        if (who == 0) t.Ours(stream);
+        if (who == 1) t.Cublas(stream);
+        if (who == 2) t.Pass(stream);
+      };
+      for (int i = 0; i < 50; ++i) launch();  // reach the cap's clock first
+      CHECK_CUDA(cudaStreamSynchronize(stream));
+      const double j0 = nvml.Joules();
+      const auto t0 = std::chrono::steady_clock::now();
+      long launches = 0;
+      double watts = 0, mhz = 0;
+      int samples = 0;
+      double elapsed = 0;
+      while (elapsed < kSeconds) {
+        for (int i = 0; i < 20; ++i, ++launches) launch();
+        CHECK_CUDA(cudaStreamSynchronize(stream));
+        watts += nvml.Watts();
+        mhz += nvml.SmMhz();
+        ++samples;
+        elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      }
+      const double joules = nvml.Joules() - j0;
+      std::printf("energy %-22s %-6s %5d x %5d x %5d: %.3f ms, %.3f J a launch, %.0f W, %.0f MHz (%ld launches)\n",
+                  c.name, names[who], c.m, c.n, c.k, 1e3 * elapsed / launches, joules / launches, watts / samples,
+                  mhz / samples, launches);
+    }
+  }
+  cudaStreamDestroy(stream);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -352,7 +444,13 @@ int main(int argc, char** argv) {
     };
     for (const Case& c : checks) ok = Check(c) && ok;
   }
-  if (what == "all" || what == "time") {
+  const bool energy = what == "energy";
+  Nvml nvml;
+  if (energy && !nvml.ok()) {
+    std::fprintf(stderr, "energy: NVML (libnvidia-ml.so.1) not available\n");
+    return 1;
+  }
+  if (what == "all" || what == "time" || energy) {
     // The 8b row's shapes (4 x 2048 tokens; LoRA r 16 widening the forward's
     // K by 32 and the backward's by 16).
     const Case timings[] = {
@@ -365,8 +463,15 @@ int main(int argc, char** argv) {
         {"dh of down (W^T)", kPlain, true, 8192, 14336, 4112},
         {"square 8192", kPlain, false, 8192, 8192, 8192},
     };
+    // NAME PART: the case of that name if there is one, else every case whose name holds it.
+    const bool exact = std::any_of(std::begin(timings), std::end(timings), [&](const Case& c) { return only == c.name; });
     for (const Case& c : timings) {
-      if (only.empty() || std::string(c.name).find(only) != std::string::npos) Time(c);
+      if (!only.empty() && (exact ? only != c.name : std::string(c.name).find(only) == std::string::npos)) continue;
+      if (energy) {
+        Energy(c, nvml);
+      } else {
+        Time(c);
+      }
     }
   }
   std::printf("%s\n", ok ? "all checks passed" : "SOME CHECKS FAILED");

@@ -1,14 +1,15 @@
-// A GEMM of our own for Hopper GPUs (sm_90a: TMA and wgmma), for the
+// A GEMM of our own for Hopper GPUs (sm_90a: TMA and wgmma), for the 8b
 // decoder's large bf16 products: D = X W^T with float32 accumulation, W given
 // either as stored by a linear layer (n, k) or transposed (k, n), and
-// optionally SwiGLU's forward in the epilogue. On an H200 it runs the 8b
-// row's forward shapes 1-4% faster than cuBLAS (bench/gemm, docs in
-// bench/speed/NOTES.md); elsewhere (another GPU, odd alignment) the caller
-// keeps cuBLAS: every launcher says why it did not run.
+// optionally SwiGLU's forward in the epilogue. A measuring instrument, not a
+// part of the engine: the engine ran its forward products and SwiGLU's
+// forward on it (commits fcdcd35..7d64f21) and gained nothing in the step,
+// because at the card's power cap it spends the same joules a product as
+// cuBLAS (bench/speed/NOTES.md, "The GEMMs at the power cap").
+// bench/gemm/hopper_gemm.cu checks it against cuBLAS and times it.
 //
-// Torch-free, like fused_kernels.h: raw device pointers, element strides, a
-// cudaStream_t passed as `void*`. Built for sm_90a only, in a library of its
-// own (trainerd_hopper_gemm; engine/CMakeLists.txt).
+// Torch-free: raw device pointers, element strides, a cudaStream_t passed as
+// `void*`. Built for sm_90a only (bench/gemm/CMakeLists.txt).
 //
 // The kernel: persistent (one block an SM, tiles of 128 x 256 rasterised in
 // groups of 16 row tiles), a producer warpgroup issuing TMA loads of 64-wide
@@ -46,18 +47,7 @@ enum class HopperEpilogue {
   kSwiGlu,
 };
 
-// Whether the kernel should take an (m x k) (k x n) product on the current
-// device, rather than cuBLAS: a Hopper GPU (compute capability 9.0), k at
-// least 256, the 128 x 256 tiles filling the waves of one tile an SM to at
-// least 80% (the last wave's idle SMs cost what they would have run; the
-// kernel splits no product along k, so a short wide product such as a
-// 2,093-row chunk of the lm_head's input gradient, 272 tiles on 132 SMs, is
-// cuBLAS's), and W as stored: with W transposed it ran 12-13% behind cuBLAS
-// at the 8b row's input-gradient shapes (n 4128: a last column of tiles 32
-// wide; bench/speed/NOTES.md).
-[[nodiscard]] bool HopperGemmSuits(int64_t m, int64_t n, int64_t k, bool w_transposed);
-
-// The kernel's compile-time settings (engine/kernels/hopper_gemm.cu's HG_*),
+// The kernel's compile-time settings (hopper_gemm_kernel.cu's HG_*),
 // for a measurement's log: "stages 4, group 16, ...".
 [[nodiscard]] std::string HopperGemmBuild();
 

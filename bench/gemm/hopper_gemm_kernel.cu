@@ -1,8 +1,8 @@
-// The Hopper GEMM (hopper_gemm.h): kernel and launcher. Built for sm_90a
-// only (wgmma, setmaxnreg). bench/gemm/hopper_gemm.cu checks it against
-// cuBLAS and float64 and times it; its compile-time knobs (-D) exist for that
-// harness's variants, with the defaults the engine uses.
-#include "engine/kernels/hopper_gemm.h"
+// The Hopper GEMM (hopper_gemm_kernel.h): kernel and launcher. Built for
+// sm_90a only (wgmma, setmaxnreg). bench/gemm/hopper_gemm.cu checks it against
+// cuBLAS and float64 and times it; its compile-time knobs (-D) build that
+// harness's variants.
+#include "bench/gemm/hopper_gemm_kernel.h"
 
 #include <cuda.h>
 #include <cuda_bf16.h>
@@ -540,14 +540,6 @@ std::string HopperGemmBuild() {
          std::to_string(HG_STMATRIX) + ", fast silu " + std::to_string(HG_FAST_SILU) + ", tile epilogue " +
          std::to_string(HG_TILE_EPILOGUE) + ", probe " + std::to_string(HG_PROBE) + ", " +
          std::to_string(kSmemBytes) + " bytes of shared memory a block";
-}
-
-bool HopperGemmSuits(int64_t m, int64_t n, int64_t k, bool w_transposed) {
-  const DeviceInfo device = CurrentDevice();
-  if (w_transposed || !device.hopper || device.sms <= 0 || m <= 0 || n <= 0 || k < 256) return false;
-  const int64_t tiles = ((m + kBlockM - 1) / kBlockM) * ((n + kBlockN - 1) / kBlockN);
-  const int64_t waves = (tiles + device.sms - 1) / device.sms;
-  return 5 * tiles >= 4 * waves * device.sms;
 }
 
 std::string HopperGemm(const HopperGemmOperands& o, HopperEpilogue epilogue, void* stream) {
