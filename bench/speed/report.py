@@ -226,6 +226,16 @@ def render(versions, ceiling, results):
         if missing and (bad or good):
             detail.append("not run on " + ", ".join(missing))
         L.append("- %s: **%s**%s" % (text, overall, " (%s)" % "; ".join(detail) if detail else ""))
+    power = []
+    for rid in row_ids:
+        for sid, sname in SYSTEMS:
+            r = results.get("%s.%s" % (rid, sid))
+            if ok(r) and r.get("power_w"):
+                power.append("%s, %s: %.0f W at %.0f MHz" % (row_label(rid, results), sname, r["power_w"], r["sm_mhz"]))
+    if power:
+        L.append("")
+        L.append("The card while busy (medians of nvidia-smi's samples every 200 ms at ≥ 90%% utilisation; power limit "
+                 "%s): %s." % (versions.get("power_limit", "unknown"), "; ".join(power)))
     gpus = {r.get("gpu") for r in results.values() if r.get("gpu")}
     if len(gpus) > 1:
         warnings.append("results come from different GPUs: %s; compare within one machine only" % ", ".join(sorted(gpus)))

@@ -246,9 +246,17 @@ ensure_model() {  # a row whose model folder to write: a SHAPES key, or one with
 for r in "${model_rows[@]}"; do ensure_model "$r"; done
 
 # --- the measurements ---------------------------------------------------------------------------
-run_timed() {  # log, command...: runs it under RUN_TIMEOUT_S, sets rc and wall
-  local log=$1 t0
+run_timed() {  # log, command...: runs it under RUN_TIMEOUT_S, sets rc and wall; samples the GPU's power
+  local log=$1 t0 sampler=
   shift
+  # The card's power, SM clock and utilisation every 200 ms while the command runs ($log.power.csv):
+  # at the 8b row the card runs at its power limit, and the clock it is left shows how much.
+  rm -f "$log.power.csv"
+  if command -v nvidia-smi > /dev/null; then
+    nvidia-smi --query-gpu=power.draw,clocks.sm,utilization.gpu --format=csv,noheader,nounits -lms 200 \
+      > "$log.power.csv" 2> /dev/null &
+    sampler=$!
+  fi
   t0=$(date +%s.%N)
   if [ "$run_timeout" -gt 0 ]; then
     timeout --kill-after=20 "$run_timeout" "$@" > "$log" 2>&1
@@ -257,6 +265,8 @@ run_timed() {  # log, command...: runs it under RUN_TIMEOUT_S, sets rc and wall
   fi
   rc=$?
   wall=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+  [ -n "$sampler" ] && { kill "$sampler" 2> /dev/null; wait "$sampler" 2> /dev/null; }
+  return 0
 }
 
 write_job() {  # job yaml, model dir, tokens file, output dir
@@ -359,7 +369,7 @@ for r in $rows; do
     fi
     python3 "$here/speed_util.py" result "$s" $(row_args) \
       --warmup "$warmup" --steps "$steps" --model-dir "$model" ${metrics:+--metrics "$metrics"} \
-      --log "$base.log" --rc "$rc" --wall-s "$wall" ${settings:+--settings "$settings"} --ceiling "$results/ceiling.json" \
+      --log "$base.log" --power "$base.log.power.csv" --rc "$rc" --wall-s "$wall" ${settings:+--settings "$settings"} --ceiling "$results/ceiling.json" \
       --versions "$results/versions.json" --out "$(result_file "$r" "$s")" ||
       { fail "row $r, $s failed (exit status $rc after ${wall} s; log: $base.log); its last lines:"
         tail -8 "$base.log"; failed+=("$r:$s"); }

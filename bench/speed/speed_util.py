@@ -238,6 +238,31 @@ def parse_hf(log):
     raise ValueError("no result line in the reference's output")
 
 
+def parse_power(path, busy_pct=90):
+    """The card while it was busy: nvidia-smi's samples ("power W, SM MHz, utilisation %" a line, run.sh's
+    sampler) at busy_pct% utilisation or more, i.e. the steps rather than loading, compiling or saving.
+    -> {power_w, sm_mhz, power_samples} (medians), or {} when there are fewer than 3 such samples or no file."""
+    busy = []
+    try:
+        with open(path, errors="replace") as f:
+            for line in f:
+                fields = [x.strip() for x in line.split(",")]
+                if len(fields) != 3:
+                    continue
+                try:
+                    watts, mhz, util = float(fields[0]), float(fields[1]), float(fields[2])
+                except ValueError:  # "[N/A]", "[Not Supported]", a line cut short when the sampler was stopped
+                    continue
+                if util >= busy_pct:
+                    busy.append((watts, mhz))
+    except OSError:
+        return {}
+    if len(busy) < 3:
+        return {}
+    return dict(power_w=statistics.median(w for w, _ in busy), sm_mhz=statistics.median(m for _, m in busy),
+                power_samples=len(busy))
+
+
 # What a row's systems must share for their figures to be compared (report.py pairs a row's results
 # only when these agree); the defaults stand for results written before a key was recorded.
 SETTINGS = (("shape", None), ("micro_batch", None), ("seq", None), ("grad_ckpt", False), ("lora_r", 16),
@@ -289,6 +314,8 @@ def cmd_result(a):
         r["error"] = "%s (exit status %d): %s" % (e, a.rc, error_line(tail))
     if r["status"] != "ok":
         r["log_tail"] = tail
+    if a.power:
+        r.update(parse_power(a.power))
     if "tokens_per_s" in r:
         try:
             fpt = flops_per_token(a.model_dir, a.seq)
@@ -373,6 +400,7 @@ def main():
     p.add_argument("--metrics", help="trainerd's metrics.jsonl")
     p.add_argument("--settings", help="the system's own choices on this row (micro-batches, memory savers)")
     p.add_argument("--log", required=True)
+    p.add_argument("--power", help="nvidia-smi's samples while it ran (run.sh's run_timed)")
     p.add_argument("--rc", type=int, required=True)
     p.add_argument("--wall-s", type=float, default=None)
     p.add_argument("--ceiling")

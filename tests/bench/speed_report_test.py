@@ -58,6 +58,30 @@ class ParseTrainerdTest(unittest.TestCase):
             shutil.rmtree(tmp)
 
 
+class ParsePowerTest(unittest.TestCase):
+    def write(self, text):
+        tmp = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, tmp)
+        path = os.path.join(tmp, "run.log.power.csv")
+        with open(path, "w") as f:
+            f.write(text)
+        return path
+
+    def test_medians_of_the_busy_samples_only(self):
+        # Loading (idle, low clocks), the steps at the power limit, a sample the card could not give, and
+        # the line cut short when the sampler was stopped.
+        path = self.write("71.20, 345, 0\n118.50, 1980, 35\n698.10, 1320, 100\n[N/A], 1335, 100\n"
+                          "696.40, 1335, 100\n699.90, 1305, 99\n655.00, 1500, 92\n420.7")
+        got = speed_util.parse_power(path)
+        self.assertEqual(got["power_samples"], 4)
+        self.assertAlmostEqual(got["power_w"], (696.40 + 698.10) / 2)
+        self.assertAlmostEqual(got["sm_mhz"], (1320 + 1335) / 2)
+
+    def test_too_few_busy_samples_or_no_file_give_no_figure(self):
+        self.assertEqual(speed_util.parse_power(self.write("698.10, 1320, 100\n690.00, 1330, 100\n30.0, 210, 0\n")), {})
+        self.assertEqual(speed_util.parse_power(os.path.join(tempfile.gettempdir(), "no-such-power.csv")), {})
+
+
 class ReportTest(unittest.TestCase):
     def setUp(self):
         self.versions, self.ceiling, self.results = report.load(RESULTS)
@@ -104,6 +128,20 @@ class ReportTest(unittest.TestCase):
         text = report.render(self.versions, self.ceiling, results)
         self.assertIn("| trainerd (2 micro-batches of 4; gradient_checkpointing_layers: 17) | ", text)
         self.assertNotIn("| HF PEFT (", text)
+
+    def test_the_cards_power_while_busy_shows_where_it_was_measured(self):
+        text = report.render(self.versions, self.ceiling, self.results)
+        self.assertNotIn("The card while busy", text)  # the H200 run's results predate the sampler
+        results = json.loads(json.dumps(self.results))
+        results["8b.trainerd"].update(power_w=697.5, sm_mhz=1327.5, power_samples=40)
+        results["8b.hf"].update(power_w=612.0, sm_mhz=1755.0, power_samples=80)
+        results["1b.hf-compile"] = dict(results["1b.hf-compile"], status="oom", power_w=500.0, sm_mhz=1900.0)
+        text = report.render(self.versions, self.ceiling, results)
+        line = next(l for l in text.splitlines() if l.startswith("The card while busy"))
+        self.assertIn("power limit %s" % self.versions["power_limit"], line)
+        self.assertIn("llama3-8b 4×2048 (8b), trainerd: 698 W at 1328 MHz; llama3-8b 4×2048 (8b), HF PEFT: 612 W at "
+                      "1755 MHz.", line)
+        self.assertNotIn("1b", line)  # a failed run's samples are not a figure
 
     def test_a_failed_reference_reads_as_such(self):
         results = json.loads(json.dumps(self.results))
