@@ -464,7 +464,8 @@ int main(int argc, char** argv) {
         {"square 8192", kPlain, false, 8192, 8192, 8192},
     };
     // NAME PART: the case of that name if there is one, else every case whose name holds it.
-    const bool exact = std::any_of(std::begin(timings), std::end(timings), [&](const Case& c) { return only == c.name; });
+    const bool exact =
+        std::any_of(std::begin(timings), std::end(timings), [&](const Case& c) { return only == c.name; });
     for (const Case& c : timings) {
       if (!only.empty() && (exact ? only != c.name : std::string(c.name).find(only) == std::string::npos)) continue;
       if (energy) {

@@ -369,7 +369,8 @@ for r in $rows; do
     fi
     python3 "$here/speed_util.py" result "$s" $(row_args) \
       --warmup "$warmup" --steps "$steps" --model-dir "$model" ${metrics:+--metrics "$metrics"} \
-      --log "$base.log" --power "$base.log.power.csv" --rc "$rc" --wall-s "$wall" ${settings:+--settings "$settings"} --ceiling "$results/ceiling.json" \
+      --log "$base.log" --power "$base.log.power.csv" --rc "$rc" --wall-s "$wall" ${settings:+--settings "$settings"} \
+      --ceiling "$results/ceiling.json" \
       --versions "$results/versions.json" --out "$(result_file "$r" "$s")" ||
       { fail "row $r, $s failed (exit status $rc after ${wall} s; log: $base.log); its last lines:"
         tail -8 "$base.log"; failed+=("$r:$s"); }
