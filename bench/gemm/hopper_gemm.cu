@@ -260,6 +260,15 @@ struct Contest {
   }
 
   void Pass(cudaStream_t stream) { SwiGluReference(b.d_ref, b.h_ref, c.m, c.n, stream); }
+
+  // The contestants timed against each other: ours (0), cuBLAS's GEMM (1)
+  // and, where the case has SwiGLU, the pass after it (2).
+  int Contestants() const { return c.epilogue == HopperEpilogue::kSwiGlu ? 3 : 2; }
+  void Launch(int who, cudaStream_t stream) {
+    if (who == 0) Ours(stream);
+    if (who == 1) Cublas(stream);
+    if (who == 2) Pass(stream);
+  }
 };
 
 bool Check(const Case& c) {
@@ -300,16 +309,11 @@ void Time(const Case& c) {
   CHECK_CUDA(cudaEventCreate(&start));
   CHECK_CUDA(cudaEventCreate(&stop));
   constexpr int kRounds = 5, kReps = 20;
-  const int contestants = swiglu ? 3 : 2;
   double ms_each[3] = {0, 0, 0};
   for (int round = -1; round < kRounds; ++round) {  // round -1 warms up
-    for (int who = 0; who < contestants; ++who) {
+    for (int who = 0; who < t.Contestants(); ++who) {
       CHECK_CUDA(cudaEventRecord(start, stream));
-      for (int r = 0; r < kReps; ++r) {
-        if (who == 0) t.Ours(stream);
-        if (who == 1) t.Cublas(stream);
-        if (who == 2) t.Pass(stream);
-      }
+      for (int r = 0; r < kReps; ++r) t.Launch(who, stream);
       CHECK_CUDA(cudaEventRecord(stop, stream));
       CHECK_CUDA(cudaEventSynchronize(stop));
       float ms = 0;
@@ -380,21 +384,14 @@ class Nvml {
 // what sets a step's time; a kernel faster alone but not cheaper in energy
 // gains nothing there.
 void Energy(const Case& c, const Nvml& nvml) {
-  const bool swiglu = c.epilogue == HopperEpilogue::kSwiGlu;
   Contest t(c, /*on_device=*/true);
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreate(&stream));
-  const int contestants = swiglu ? 3 : 2;
   const char* names[3] = {"ours", "cuBLAS", "pass"};
   constexpr double kSeconds = 3.0;
   for (int round = 0; round < 3; ++round) {  // ours, cuBLAS, ours, cuBLAS, ...: drift shows
-    for (int who = 0; who < contestants; ++who) {
-      auto launch = [&] {
-        if (who == 0) t.Ours(stream);
-        if (who == 1) t.Cublas(stream);
-        if (who == 2) t.Pass(stream);
-      };
-      for (int i = 0; i < 50; ++i) launch();  // reach the cap's clock first
+    for (int who = 0; who < t.Contestants(); ++who) {
+      for (int i = 0; i < 50; ++i) t.Launch(who, stream);  // reach the cap's clock first
       CHECK_CUDA(cudaStreamSynchronize(stream));
       const double j0 = nvml.Joules();
       const auto t0 = std::chrono::steady_clock::now();
@@ -403,7 +400,7 @@ void Energy(const Case& c, const Nvml& nvml) {
       int samples = 0;
       double elapsed = 0;
       while (elapsed < kSeconds) {
-        for (int i = 0; i < 20; ++i, ++launches) launch();
+        for (int i = 0; i < 20; ++i, ++launches) t.Launch(who, stream);
         CHECK_CUDA(cudaStreamSynchronize(stream));
         watts += nvml.Watts();
         mhz += nvml.SmMhz();
@@ -423,7 +420,7 @@ void Energy(const Case& c, const Nvml& nvml) {
 
 int main(int argc, char** argv) {
   const std::string what = argc > 1 ? argv[1] : "all";
-  const std::string only = argc > 2 ? argv[2] : "";  // time only the cases whose name holds this
+  const std::string only = argc > 2 ? argv[2] : "";  // time or energy: the case of this name, else those holding it
   cudaDeviceProp prop;
   CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   std::printf("%s, %d SMs, sm_%d%d; kernel: %s\n", prop.name, prop.multiProcessorCount, prop.major, prop.minor,

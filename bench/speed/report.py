@@ -142,7 +142,7 @@ def render(versions, ceiling, results):
     L.append("| " + " | ".join(head) + " |")
     L.append("|" + "---|" * len(head))
     all_checks = {}
-    failures, warnings = [], []
+    failures, warnings, power = [], [], []
     for rid in row_ids:
         t, h, c = (results.get("%s.%s" % (rid, s)) for s, _ in SYSTEMS)
         # A reference measured with other settings than trainerd's (a results folder that mixes runs) is
@@ -169,6 +169,9 @@ def render(versions, ceiling, results):
                     mfu = r["tokens_per_s"] * r["flops_per_token"] / 1e12 / ceiling["matmul_tflops"]
                 cells += ["{:,.0f}".format(r["tokens_per_s"]), num(r.get("step_s"), ".3f"), num(r.get("peak_mem_gib"), ".1f"),
                           num(mfu, ".3f"), num(r.get("first_loss"), ".4f")]
+                if r.get("power_w"):
+                    power.append("%s, %s: %.0f W at %.0f MHz" % (row_label(rid, results), sname, r["power_w"],
+                                                                r["sm_mhz"]))
             elif r is not None:
                 st = r.get("status", "failed")
                 cells += [{"oom": "OOM"}.get(st, st)] + [DASH] * 4
@@ -226,16 +229,10 @@ def render(versions, ceiling, results):
         if missing and (bad or good):
             detail.append("not run on " + ", ".join(missing))
         L.append("- %s: **%s**%s" % (text, overall, " (%s)" % "; ".join(detail) if detail else ""))
-    power = []
-    for rid in row_ids:
-        for sid, sname in SYSTEMS:
-            r = results.get("%s.%s" % (rid, sid))
-            if ok(r) and r.get("power_w"):
-                power.append("%s, %s: %.0f W at %.0f MHz" % (row_label(rid, results), sname, r["power_w"], r["sm_mhz"]))
     if power:
         L.append("")
-        L.append("The card while busy (medians of nvidia-smi's samples every 200 ms at ≥ 90%% utilisation; power limit "
-                 "%s): %s." % (versions.get("power_limit", "unknown"), "; ".join(power)))
+        L.append("The card while busy (medians of nvidia-smi's samples every 200 ms at ≥ 90%% utilisation; "
+                 "power limit %s): %s." % (versions.get("power_limit", "unknown"), "; ".join(power)))
     gpus = {r.get("gpu") for r in results.values() if r.get("gpu")}
     if len(gpus) > 1:
         warnings.append("results come from different GPUs: %s; compare within one machine only" % ", ".join(sorted(gpus)))
