@@ -13,8 +13,9 @@
 //   /tmp/hopper_gemm check | time [NAME PART]   # one of them; timings of some cases
 //   /tmp/hopper_gemm energy [NAME PART]   # joules a launch at the power cap (NVML)
 // The kernel's compile-time knobs (-D; hopper_gemm_kernel.cu) build
-// variants to time: HG_STAGES, HG_GROUP, HG_STMATRIX, HG_FAST_SILU, HG_PROBE
-// (probes that leave out part of the epilogue: their checks fail).
+// variants to time: HG_HIDDEN_EPILOGUE, HG_PINGPONG (the schedules), HG_STAGES,
+// HG_GROUP, HG_STMATRIX, HG_FAST_SILU, HG_PROBE (probes that leave out part of
+// the epilogue: their checks fail).
 #include <cublas_v2.h>
 #include <cuda.h>
 #include <cuda_bf16.h>

@@ -11,6 +11,21 @@
 #include <algorithm>
 #include <mutex>
 
+#ifndef HG_PINGPONG
+// 1: each consumer warpgroup takes whole tiles of 128 x 128 of its own, the
+// two in turn (ping-pong), so that one's epilogue runs while the other's main
+// loop keeps the tensor cores busy; 0: both share each 128 x 256 tile
+// (cooperative) and stop the main loop together for its epilogue.
+#define HG_PINGPONG 0
+#endif
+#ifndef HG_HIDDEN_EPILOGUE
+// 1: the consumers hand each finished tile over to the producer warpgroup's
+// three idle warps through a 64 KB buffer and go on to the next tile's main
+// loop at once; those warps store it by TMA (and compute SwiGLU's h in the
+// buffer), so the epilogue runs under the next main loop. 0: the consumers
+// store their tile themselves before its next main loop.
+#define HG_HIDDEN_EPILOGUE 0
+#endif
 #ifndef HG_TILE_EPILOGUE
 // 1: the epilogue writes a whole tile's chunks (SwiGLU: gate's and up's, then
 // h's) before one barrier and their TMA stores, in four buffers a consumer,
@@ -19,7 +34,7 @@
 #define HG_TILE_EPILOGUE 0
 #endif
 #ifndef HG_STAGES
-#define HG_STAGES (HG_TILE_EPILOGUE ? 3 : 4)  // the ring's depth
+#define HG_STAGES (HG_PINGPONG ? 6 : HG_TILE_EPILOGUE || HG_HIDDEN_EPILOGUE ? 3 : 4)  // the ring's depth
 #endif
 #ifndef HG_GROUP
 #define HG_GROUP 16  // the rasterisation's group of 128-row tiles
@@ -40,16 +55,19 @@
 namespace trainerd::kernels {
 namespace {
 
-constexpr int kBlockM = 128, kBlockN = 256, kBlockK = 64;
+static_assert(HG_PINGPONG + HG_TILE_EPILOGUE + HG_HIDDEN_EPILOGUE <= 1, "one epilogue schedule at a time");
+constexpr int kBlockM = 128, kBlockN = HG_PINGPONG ? 128 : 256, kBlockK = 64;
 constexpr int kStages = HG_STAGES;
 constexpr int kThreads = 384;  // producer warpgroup + two consumer warpgroups
 constexpr int kChunk = 64;     // epilogue chunk: 64 rows x 64 columns
 constexpr int kABytes = kBlockM * kBlockK * 2;    // 16 KB
-constexpr int kBBytes = kBlockN * kBlockK * 2;    // 32 KB
+constexpr int kBBytes = kBlockN * kBlockK * 2;    // 32 KB (ping-pong: 16 KB)
 constexpr int kBoxBytes = 64 * 64 * 2;            // an MN-major box of W: 64 k-rows x 64 columns
 constexpr int kChunkBytes = kChunk * kChunk * 2;  // 8 KB
-constexpr int kSlots = HG_TILE_EPILOGUE ? 4 : 2;   // chunk buffers a consumer warpgroup
-constexpr int kSmemBytes = kStages * (kABytes + kBBytes) + 2 * kSlots * kChunkBytes + 2 * kStages * 8 + 1024;
+// Chunk buffers a consumer warpgroup; the hidden epilogue's: the whole tile,
+// column block c (64 columns) of consumer w's rows at chunk 2 c + w.
+constexpr int kSlots = HG_TILE_EPILOGUE || HG_HIDDEN_EPILOGUE ? 4 : 2;
+constexpr int kSmemBytes = kStages * (kABytes + kBBytes) + 2 * kSlots * kChunkBytes + (2 * kStages + 2) * 8 + 1024;
 static_assert(kSmemBytes <= 227 * 1024, "shared memory over the 227 KB a block may have");
 
 __device__ __forceinline__ uint32_t SmemAddress(const void* p) {
@@ -196,6 +214,32 @@ __device__ __forceinline__ void Wgmma256(float (&d)[128], uint64_t a, uint64_t b
       : "l"(a), "l"(b), "r"(accumulate), "n"(kTransposeB));
 }
 
+// d (64 x 128, this thread's 64 values) += A (64 x 16) B (128 x 16)^T, or =
+// when accumulate is 0; B MN-major when kTransposeB. The ping-pong tiles'.
+template <int kTransposeB>
+__device__ __forceinline__ void Wgmma128(float (&d)[64], uint64_t a, uint64_t b, int accumulate) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+      "}, %64, %65, p, 1, 1, 0, %67;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(a), "l"(b), "r"(accumulate), "n"(kTransposeB));
+}
+
 struct TileCoordinates {
   int m, n;  // tile indices
 };
@@ -289,13 +333,30 @@ __global__ void __launch_bounds__(kThreads, 1) GemmKernel(const __grid_constant_
   uint8_t* chunk_smem = b_smem + kStages * kBBytes;  // [consumer][kSlots][kChunkBytes]
   uint64_t* full = reinterpret_cast<uint64_t*>(chunk_smem + 2 * kSlots * kChunkBytes);
   uint64_t* empty = full + kStages;
+  // Ping-pong: turn[c] completes a phase when the other consumer has waited
+  // for its tile's last k-slice, so that consumer c may wait for its own
+  // tile's slices. Besides ordering the main loops, this keeps each wait on
+  // a full barrier within one phase of the ring (a parity wait cannot tell
+  // phases two apart).
+  uint64_t* turn = empty + kStages;
+  // The hidden epilogue: `ready` completes a phase when both consumers have
+  // written a tile into the buffer, `released` when its stores have read it.
+  uint64_t* ready = empty + kStages;
+  uint64_t* released = ready + 1;
 
   const int warpgroup = threadIdx.x / 128;
   const int tid = threadIdx.x % 128;
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       BarrierInit(&full[s], 1);
-      BarrierInit(&empty[s], 2 * 4);  // one arrival per consumer warp
+      BarrierInit(&empty[s], HG_PINGPONG ? 4 : 2 * 4);  // one arrival per warp that reads the stage
+    }
+    if (HG_HIDDEN_EPILOGUE) {
+      BarrierInit(ready, 256);  // every consumer thread, after its own writes
+      BarrierInit(released, 1);
+    } else {
+      BarrierInit(&turn[0], 1);
+      BarrierInit(&turn[1], 1);
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -305,6 +366,77 @@ __global__ void __launch_bounds__(kThreads, 1) GemmKernel(const __grid_constant_
   if (warpgroup == 0) {
     // The producer: one thread issues every load.
     LowerRegisters<40>();
+#if HG_HIDDEN_EPILOGUE
+    if (tid >= 32) {
+      // Warps 1-3: the epilogue of each tile the consumers hand over.
+      const int w = tid - 32;
+      if (kEpilogue == HopperEpilogue::kPlain && w != 0) return;
+      auto chunk = [&](int c, int half) { return chunk_smem + (2 * c + half) * kChunkBytes; };
+      int n = 0;
+      for (int t = blockIdx.x; t < tiles; t += gridDim.x, ++n) {
+        const TileCoordinates tile = Tile(t, maps.tiles_m, maps.tiles_n);
+        const int row = tile.m * kBlockM;
+        BarrierWait(ready, n & 1);
+        if (kEpilogue == HopperEpilogue::kPlain) {
+#pragma unroll
+          for (int c = 0; c < 4; ++c) {
+            for (int half = 0; half < 2; ++half) {
+              TmaStoreUncommitted(&maps.d, chunk(c, half), tile.n * kBlockN + c * kChunk, row + half * 64);
+            }
+          }
+          TmaStoreCommit();
+          TmaStoreWaitRead<0>();
+          BarrierArrive(released);
+          continue;
+        }
+        // SwiGLU: column blocks 0, 1 gate's, 2, 3 up's. Gate and up stored,
+        // h = silu(gate) * up written over gate's blocks (same swizzle, so
+        // 16-byte unit q of up's half matches unit q of gate's), then stored.
+        const int col = tile.n * (kBlockN / 2);
+        if (w == 0) {
+          for (int c = 0; c < 2; ++c) {
+            for (int half = 0; half < 2; ++half) {
+              TmaStoreUncommitted(&maps.d, chunk(c, half), col + c * kChunk, row + half * 64);
+              TmaStoreUncommitted(&maps.d_up, chunk(2 + c, half), col + c * kChunk, row + half * 64);
+            }
+          }
+          TmaStoreCommit();
+          TmaStoreWaitRead<0>();
+        }
+        NamedBarrier(3, 96);
+        constexpr int kUnits = 2 * kChunkBytes * 2 / 16;  // gate's 32 KB in 16-byte units
+        for (int q = w; q < kUnits; q += 96) {
+          uint4* gate = reinterpret_cast<uint4*>(chunk_smem) + q;
+          const uint4 g = *gate;
+          const uint4 u = *(reinterpret_cast<const uint4*>(chunk_smem + 2 * 2 * kChunkBytes) + q);
+          const auto* g2 = reinterpret_cast<const __nv_bfloat162*>(&g);
+          const auto* u2 = reinterpret_cast<const __nv_bfloat162*>(&u);
+          uint4 out;
+          uint32_t* o = reinterpret_cast<uint32_t*>(&out);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const float2 gf = __bfloat1622float2(g2[e]), uf = __bfloat1622float2(u2[e]);
+            o[e] = HG_PROBE == 2 ? PackBf16(uf.x, uf.y) : PackBf16(Silu(gf.x) * uf.x, Silu(gf.y) * uf.y);
+          }
+          *gate = out;
+        }
+        FenceAsyncShared();
+        NamedBarrier(3, 96);
+        if (w == 0) {
+          for (int c = 0; c < 2; ++c) {
+            for (int half = 0; half < 2; ++half) {
+              TmaStoreUncommitted(&maps.h, chunk(c, half), col + c * kChunk, row + half * 64);
+            }
+          }
+          TmaStoreCommit();
+          TmaStoreWaitRead<0>();
+          BarrierArrive(released);
+        }
+      }
+      if (w == 0) TmaStoreWaitAll();
+      return;
+    }
+#endif
     if (tid != 0) return;
     int it = 0;
     for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
@@ -335,10 +467,81 @@ __global__ void __launch_bounds__(kThreads, 1) GemmKernel(const __grid_constant_
   const int consumer = warpgroup - 1;
   const int warp = tid / 32, lane = tid % 32;
   uint8_t* chunks = chunk_smem + consumer * kSlots * kChunkBytes;
+#if HG_PINGPONG
+  // Tiles j = consumer, consumer + 2, ... of the producer's sequence: their
+  // k-slices are ring iterations j * k_tiles .. + k_tiles - 1.
+  float acc[2][64];  // the tile's rows 0-63 and 64-127
+  int chunk_count = 0;
+  for (int j = consumer, t = blockIdx.x + consumer * gridDim.x; t < tiles; j += 2, t += 2 * gridDim.x) {
+    const TileCoordinates tile = Tile(t, maps.tiles_m, maps.tiles_n);
+    // The n-th tile of consumer 1 waits for consumer 0's n-th; consumer 0's
+    // n-th (n >= 1) for consumer 1's (n - 1)-th.
+    if (j > 0) BarrierWait(&turn[consumer], ((j - 1) / 2) & 1);
+    int it = j * maps.k_tiles;
+    int previous = -1;
+    for (int kt = 0; kt < maps.k_tiles; ++kt, ++it) {
+      const int s = it % kStages;
+      BarrierWait(&full[s], (it / kStages) & 1);
+      if (kt == maps.k_tiles - 1 && tid == 0) BarrierArrive(&turn[1 - consumer]);
+      const uint32_t a = SmemAddress(a_smem + s * kABytes);
+      const uint32_t b = SmemAddress(b_smem + s * kBBytes);
+      WgmmaFence();
+#pragma unroll
+      for (int kk = 0; kk < kBlockK / 16; ++kk) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const uint64_t a_half = DescriptorK(a + half * (kABytes / 2) + kk * 32);
+          if (kWTransposed) {
+            Wgmma128<1>(acc[half], a_half, DescriptorMN(b + kk * 2048), kt > 0 || kk > 0);
+          } else {
+            Wgmma128<0>(acc[half], a_half, DescriptorK(b + kk * 32), kt > 0 || kk > 0);
+          }
+        }
+      }
+      WgmmaCommit();
+      WgmmaWait<1>();
+      if (previous >= 0 && lane == 0) BarrierArrive(&empty[previous]);
+      previous = s;
+    }
+    WgmmaWait<0>();
+    if (lane == 0) BarrierArrive(&empty[previous]);
+    if (HG_PROBE == 1) continue;
+    auto store = [&](const CUtensorMap* map, int col, int row, auto value, int first) {
+      uint8_t* chunk = chunks + (chunk_count % 2) * kChunkBytes;
+      if (tid == 0) TmaStoreWaitRead<1>();
+      NamedBarrier(1 + consumer, 128);
+      WriteChunk(chunk, warp, lane, first, value);
+      FenceAsyncShared();
+      NamedBarrier(1 + consumer, 128);
+      if (tid == 0) TmaStore(map, chunk, col, row);
+      ++chunk_count;
+    };
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = tile.m * kBlockM + half * 64;
+      auto plain = [&](int i, int e) { return acc[half][4 * i + e]; };
+      // SwiGLU: groups 0-7 are gate's 64 columns, 8-15 up's matching ones.
+      auto h = [&](int i, int e) {
+        const float g = __bfloat162float(__float2bfloat16_rn(acc[half][4 * i + e]));
+        const float u = __bfloat162float(__float2bfloat16_rn(acc[half][4 * (i + 8) + e]));
+        return HG_PROBE == 2 ? u : Silu(g) * u;
+      };
+      if (kEpilogue == HopperEpilogue::kPlain) {
+#pragma unroll
+        for (int c = 0; c < kBlockN / kChunk; ++c) store(&maps.d, tile.n * kBlockN + c * kChunk, row, plain, 8 * c);
+      } else {
+        const int col = tile.n * (kBlockN / 2);
+        store(&maps.d, col, row, plain, 0);
+        store(&maps.d_up, col, row, plain, 8);
+        store(&maps.h, col, row, h, 0);
+      }
+    }
+  }
+#else
   float acc[128];
   int it = 0;
 #if !HG_TILE_EPILOGUE
-  int chunk_count = 0;  // chunks stored so far: their buffers alternate across tiles
+  int chunk_count = 0;  // chunks stored so far (their buffers alternate across tiles); hidden: tiles handed over
 #endif
   for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
     const TileCoordinates tile = Tile(t, maps.tiles_m, maps.tiles_n);
@@ -374,6 +577,19 @@ __global__ void __launch_bounds__(kThreads, 1) GemmKernel(const __grid_constant_
       const float u = __bfloat162float(__float2bfloat16_rn(acc[4 * (i + 16) + e]));
       return HG_PROBE == 2 ? u : Silu(g) * u;
     };
+#if HG_HIDDEN_EPILOGUE
+    // Hand the tile over: wait until the previous tile's stores have read
+    // the buffer, write this one's chunks, and mark them written.
+    (void)row0;
+    (void)h;
+    if (chunk_count > 0) BarrierWait(released, (chunk_count - 1) & 1);
+#pragma unroll
+    for (int c = 0; c < 4; ++c) WriteChunk(chunk_smem + (2 * c + consumer) * kChunkBytes, warp, lane, 8 * c, plain);
+    FenceAsyncShared();
+    BarrierArrive(ready);
+    ++chunk_count;
+    continue;
+#endif
     if (HG_PROBE == 1) continue;
 #if HG_TILE_EPILOGUE
     // A round: every buffer free (the stores that read them done), the
@@ -448,6 +664,7 @@ __global__ void __launch_bounds__(kThreads, 1) GemmKernel(const __grid_constant_
     }
 #endif
   }
+#endif  // HG_PINGPONG
   if (tid == 0) TmaStoreWaitAll();
 }
 
@@ -536,7 +753,11 @@ std::string Launch(const GemmMaps& maps, int grid, cudaStream_t stream) {
 }  // namespace
 
 std::string HopperGemmBuild() {
-  return "stages " + std::to_string(kStages) + ", group " + std::to_string(HG_GROUP) + ", stmatrix " +
+  return std::string(HG_PINGPONG          ? "ping-pong 128 x 128"
+                     : HG_HIDDEN_EPILOGUE ? "cooperative 128 x 256, epilogue by the producer's warps"
+                                          : "cooperative 128 x 256") +
+         ", stages " +
+         std::to_string(kStages) + ", group " + std::to_string(HG_GROUP) + ", stmatrix " +
          std::to_string(HG_STMATRIX) + ", fast silu " + std::to_string(HG_FAST_SILU) + ", tile epilogue " +
          std::to_string(HG_TILE_EPILOGUE) + ", probe " + std::to_string(HG_PROBE) + ", " +
          std::to_string(kSmemBytes) + " bytes of shared memory a block";

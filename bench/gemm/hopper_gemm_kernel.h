@@ -17,6 +17,11 @@
 // on wgmma m64n256k16, and an epilogue that rounds each 64 x 64 chunk to
 // bf16 in shared memory (stmatrix) and stores it by TMA. Tails in every
 // dimension are TMA's (loads outside read zeros, stores outside are dropped).
+// Two other schedules are compile-time knobs (hopper_gemm_kernel.cu): the
+// epilogue handed to the producer warpgroup's idle warps through a 64 KB
+// buffer, under the next tile's main loop (HG_HIDDEN_EPILOGUE: SwiGLU's
+// forward then costs almost nothing), and ping-pong 128 x 128 tiles
+// (HG_PINGPONG: slower; bench/speed/NOTES.md, "The epilogue under the main loop").
 #pragma once
 
 #include <cstdint>
