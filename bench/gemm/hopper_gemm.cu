@@ -37,6 +37,9 @@
 
 namespace {
 
+using trainerd::kernels::HopperEpilogue;
+using trainerd::kernels::HopperGemmOperands;
+
 #define CHECK_CUDA(x)                                                                      \
   do {                                                                                     \
     cudaError_t e_ = (x);                                                                  \
@@ -72,8 +75,35 @@ void SwiGluReference(const __nv_bfloat16* d, __nv_bfloat16* h, int m, int n, cud
   CHECK_CUDA(cudaGetLastError());
 }
 
+// SwiGLU's backward after dh = X W^T (M, F), as engine/kernels/swiglu.cu
+// computes it (accurate expf, each result rounded once), eight elements a
+// thread with 16-byte accesses (F a multiple of 8): the pass the backward
+// epilogue replaces, reading dh and [gate | up] (M, 2F), writing [dgate | dup].
+__global__ void SwiGluBackwardPass(const __nv_bfloat16* dh, const __nv_bfloat16* gate_up, __nv_bfloat16* grad,
+                                   int64_t m, int64_t f) {
+  const int64_t i = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) * 8;
+  if (i >= m * f) return;
+  const int64_t row = i / f, col = i % f;
+  __nv_bfloat16 d[8], g[8], u[8], dg[8], du[8];
+  *reinterpret_cast<uint4*>(d) = *reinterpret_cast<const uint4*>(dh + i);
+  *reinterpret_cast<uint4*>(g) = *reinterpret_cast<const uint4*>(gate_up + row * 2 * f + col);
+  *reinterpret_cast<uint4*>(u) = *reinterpret_cast<const uint4*>(gate_up + row * 2 * f + f + col);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const float dj = __bfloat162float(d[j]), gj = __bfloat162float(g[j]), uj = __bfloat162float(u[j]);
+    const float s = 1.f / (1.f + expf(-gj));
+    dg[j] = __float2bfloat16_rn(dj * uj * s * (1.f + gj * (1.f - s)));
+    du[j] = __float2bfloat16_rn(dj * gj * s);
+  }
+  *reinterpret_cast<uint4*>(grad + row * 2 * f + col) = *reinterpret_cast<const uint4*>(dg);
+  *reinterpret_cast<uint4*>(grad + row * 2 * f + f + col) = *reinterpret_cast<const uint4*>(du);
+}
+
 struct Buffers {
   __nv_bfloat16 *x = nullptr, *w = nullptr, *d = nullptr, *h = nullptr, *d_ref = nullptr, *h_ref = nullptr;
+  // SwiGLU's backward: the forward's [gate | up] and the pass's [dgate | dup],
+  // (M, 2N); D, ours, is (M, 2N) too, and d_ref cuBLAS's dh (M, N).
+  __nv_bfloat16 *gate_up = nullptr, *grad_ref = nullptr;
   std::vector<__nv_bfloat16> host_x, host_w;
 };
 
@@ -94,7 +124,8 @@ __global__ void Fill(__nv_bfloat16* p, int64_t count, uint32_t seed, float scale
 // X (M, K) and W (N, K) random (X's elements of size about 1, W's about
 // 1/sqrt(K), so that D's are about 1): on the host, kept for the float64
 // samples, or (on_device) made on the device.
-Buffers Allocate(int m, int n, int k, bool swiglu, uint32_t seed, bool on_device = false) {
+Buffers Allocate(int m, int n, int k, HopperEpilogue epilogue, uint32_t seed, bool on_device = false) {
+  const bool swiglu = epilogue == HopperEpilogue::kSwiGlu, backward = epilogue == HopperEpilogue::kSwiGluBackward;
   Buffers b;
   const size_t x_count = static_cast<size_t>(m) * k, w_count = static_cast<size_t>(n) * k;
   const float w_scale = 1.0f / std::sqrt(static_cast<float>(k));
@@ -114,8 +145,15 @@ Buffers Allocate(int m, int n, int k, bool swiglu, uint32_t seed, bool on_device
     CHECK_CUDA(cudaMemcpy(b.x, b.host_x.data(), x_count * 2, cudaMemcpyHostToDevice));
     CHECK_CUDA(cudaMemcpy(b.w, b.host_w.data(), w_count * 2, cudaMemcpyHostToDevice));
   }
-  CHECK_CUDA(cudaMalloc(&b.d, static_cast<size_t>(m) * n * 2));
+  CHECK_CUDA(cudaMalloc(&b.d, static_cast<size_t>(m) * n * (backward ? 2 : 1) * 2));
   CHECK_CUDA(cudaMalloc(&b.d_ref, static_cast<size_t>(m) * n * 2));
+  if (backward) {
+    const size_t count = static_cast<size_t>(m) * 2 * n;
+    CHECK_CUDA(cudaMalloc(&b.gate_up, count * 2));
+    CHECK_CUDA(cudaMalloc(&b.grad_ref, count * 2));
+    Fill<<<static_cast<unsigned>((count + 255) / 256), 256>>>(b.gate_up, count, seed + 2, 4.0f);
+    CHECK_CUDA(cudaGetLastError());
+  }
   if (swiglu) {
     CHECK_CUDA(cudaMalloc(&b.h, static_cast<size_t>(m) * (n / 2) * 2));
     CHECK_CUDA(cudaMalloc(&b.h_ref, static_cast<size_t>(m) * (n / 2) * 2));
@@ -124,7 +162,7 @@ Buffers Allocate(int m, int n, int k, bool swiglu, uint32_t seed, bool on_device
 }
 
 void Free(Buffers& b) {
-  for (__nv_bfloat16* p : {b.x, b.w, b.d, b.h, b.d_ref, b.h_ref}) {
+  for (__nv_bfloat16* p : {b.x, b.w, b.d, b.h, b.d_ref, b.h_ref, b.gate_up, b.grad_ref}) {
     if (p != nullptr) CHECK_CUDA(cudaFree(p));
   }
 }
@@ -179,9 +217,6 @@ double SampledError(const Buffers& b, const std::vector<float>& d, int m, int n,
   return worst;
 }
 
-using trainerd::kernels::HopperEpilogue;
-using trainerd::kernels::HopperGemmOperands;
-
 // W (n, k) into W^T (k, n).
 __global__ void Transpose(const __nv_bfloat16* w, __nv_bfloat16* w_t, int64_t n, int64_t k) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
@@ -206,7 +241,7 @@ struct Contest {
   cublasHandle_t handle{};
 
   Contest(const Case& c_, bool on_device) : c(c_) {
-    b = Allocate(c.m, c.n, c.k, c.epilogue == HopperEpilogue::kSwiGlu, 1234u + c.m + c.n + c.k, on_device);
+    b = Allocate(c.m, c.n, c.k, c.epilogue, 1234u + c.m + c.n + c.k, on_device);
     if (c.w_transposed) {
       const int64_t count = static_cast<int64_t>(c.n) * c.k;
       CHECK_CUDA(cudaMalloc(&w_t, count * 2));
@@ -229,7 +264,9 @@ struct Contest {
     o.w_stride = c.w_transposed ? c.n : c.k;
     o.w_transposed = c.w_transposed;
     o.d = b.d;
-    o.d_stride = c.n;
+    o.d_stride = c.epilogue == HopperEpilogue::kSwiGluBackward ? 2 * c.n : c.n;
+    o.gate_up = b.gate_up;
+    o.gate_up_stride = 2 * c.n;
     o.h = b.h;
     o.h_stride = c.n / 2;
     o.m = c.m;
@@ -260,11 +297,20 @@ struct Contest {
     }
   }
 
-  void Pass(cudaStream_t stream) { SwiGluReference(b.d_ref, b.h_ref, c.m, c.n, stream); }
+  void Pass(cudaStream_t stream) {
+    if (c.epilogue == HopperEpilogue::kSwiGlu) {
+      SwiGluReference(b.d_ref, b.h_ref, c.m, c.n, stream);
+      return;
+    }
+    const int64_t threads = static_cast<int64_t>(c.m) * c.n / 8;
+    SwiGluBackwardPass<<<static_cast<unsigned>((threads + 255) / 256), 256, 0, stream>>>(b.d_ref, b.gate_up,
+                                                                                        b.grad_ref, c.m, c.n);
+    CHECK_CUDA(cudaGetLastError());
+  }
 
   // The contestants timed against each other: ours (0), cuBLAS's GEMM (1)
-  // and, where the case has SwiGLU, the pass after it (2).
-  int Contestants() const { return c.epilogue == HopperEpilogue::kSwiGlu ? 3 : 2; }
+  // and, where the case has SwiGLU (forward or backward), the pass after it (2).
+  int Contestants() const { return c.epilogue == HopperEpilogue::kPlain ? 2 : 3; }
   void Launch(int who, cudaStream_t stream) {
     if (who == 0) Ours(stream);
     if (who == 1) Cublas(stream);
@@ -272,9 +318,31 @@ struct Contest {
   }
 };
 
+// SwiGLU's backward: ours against cuBLAS's dh and the pass after it (the
+// products themselves are checked by the W^T cases).
+bool CheckBackward(const Case& c) {
+  const size_t count = static_cast<size_t>(c.m) * 2 * c.n;
+  Contest t(c, /*on_device=*/false);
+  CHECK_CUDA(cudaMemset(t.b.d, 0xFF, count * 2));  // NaNs where nothing is written
+  t.Ours(nullptr);
+  t.Cublas(nullptr);
+  t.Pass(nullptr);
+  CHECK_CUDA(cudaDeviceSynchronize());
+  const Comparison cg = Compare(Download(t.b.d, count), Download(t.b.grad_ref, count));
+  const bool ok = !cg.nan && cg.worst_relative < 1e-2 && cg.share_off < 1e-3;
+  std::printf("check %-22s %5d x %5d x %5d: dgate|dup worst %.2e of max, %.4f%% off by > 2 ulp%s %s\n", c.name, c.m,
+              c.n, c.k, cg.worst_relative, 100 * cg.share_off, cg.nan ? ", NaN" : "", ok ? "ok" : "FAILED");
+  return ok;
+}
+
 bool Check(const Case& c) {
   const bool swiglu = c.epilogue == HopperEpilogue::kSwiGlu;
   const int m = c.m, n = c.n, k = c.k;
+  if (!trainerd::kernels::HopperGemmHas(c.epilogue)) {
+    std::printf("check %-22s: not in this build's schedule\n", c.name);
+    return true;
+  }
+  if (c.epilogue == HopperEpilogue::kSwiGluBackward) return CheckBackward(c);
   Contest t(c, /*on_device=*/false);
   CHECK_CUDA(cudaMemset(t.b.d, 0xFF, static_cast<size_t>(m) * n * 2));  // NaNs where nothing is written
   if (swiglu) CHECK_CUDA(cudaMemset(t.b.h, 0xFF, static_cast<size_t>(m) * (n / 2) * 2));
@@ -302,7 +370,7 @@ bool Check(const Case& c) {
 // alternating in rounds so that all see the same clocks (the card runs GEMMs
 // at its power limit).
 void Time(const Case& c) {
-  const bool swiglu = c.epilogue == HopperEpilogue::kSwiGlu;
+  const bool swiglu = c.epilogue != HopperEpilogue::kPlain;
   Contest t(c, /*on_device=*/true);
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreate(&stream));
@@ -426,7 +494,8 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   std::printf("%s, %d SMs, sm_%d%d; kernel: %s\n", prop.name, prop.multiProcessorCount, prop.major, prop.minor,
               trainerd::kernels::HopperGemmBuild().c_str());
-  constexpr HopperEpilogue kPlain = HopperEpilogue::kPlain, kSwiGlu = HopperEpilogue::kSwiGlu;
+  constexpr HopperEpilogue kPlain = HopperEpilogue::kPlain, kSwiGlu = HopperEpilogue::kSwiGlu,
+                           kBackward = HopperEpilogue::kSwiGluBackward;
   bool ok = true;
   if (what == "all" || what == "check") {
     // Tails in every dimension (M, N not tile multiples; K not a k-slice
@@ -439,6 +508,8 @@ int main(int argc, char** argv) {
         {"W transposed", kPlain, true, 129, 264, 4096},  {"W transposed", kPlain, true, 2048, 3584, 1040},
         {"W transposed", kPlain, true, 2048, 4128, 6144}, {"swiglu", kSwiGlu, false, 256, 512, 128},
         {"swiglu", kSwiGlu, false, 1000, 2 * 520, 1000}, {"swiglu", kSwiGlu, false, 2048, 2 * 3584, 4128},
+        {"swiglu backward", kBackward, true, 256, 256, 64}, {"swiglu backward", kBackward, true, 1000, 1000, 1000},
+        {"swiglu backward", kBackward, true, 129, 264, 4096}, {"swiglu backward", kBackward, true, 2048, 3584, 1040},
     };
     for (const Case& c : checks) ok = Check(c) && ok;
   }
@@ -459,6 +530,7 @@ int main(int argc, char** argv) {
         {"dx of q|k|v (W^T)", kPlain, true, 8192, 4128, 6144},
         {"dx of gate|up (W^T)", kPlain, true, 8192, 4128, 28672},
         {"dh of down (W^T)", kPlain, true, 8192, 14336, 4112},
+        {"dh of down with SwiGLU backward (W^T)", kBackward, true, 8192, 14336, 4112},
         {"square 8192", kPlain, false, 8192, 8192, 8192},
     };
     // NAME PART: the case of that name if there is one, else every case whose name holds it.
@@ -466,6 +538,7 @@ int main(int argc, char** argv) {
         std::any_of(std::begin(timings), std::end(timings), [&](const Case& c) { return only == c.name; });
     for (const Case& c : timings) {
       if (!only.empty() && (exact ? only != c.name : std::string(c.name).find(only) == std::string::npos)) continue;
+      if (!trainerd::kernels::HopperGemmHas(c.epilogue)) continue;
       if (energy) {
         Energy(c, nvml);
       } else {

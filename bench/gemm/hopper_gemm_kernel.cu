@@ -18,20 +18,21 @@
 // (cooperative) and stop the main loop together for its epilogue.
 #define HG_PINGPONG 0
 #endif
-#ifndef HG_HIDDEN_EPILOGUE
-// 1: the consumers hand each finished tile over to the producer warpgroup's
-// three idle warps through a 64 KB buffer and go on to the next tile's main
-// loop at once; those warps store it by TMA (and compute SwiGLU's h in the
-// buffer), so the epilogue runs under the next main loop. 0: the consumers
-// store their tile themselves before its next main loop.
-#define HG_HIDDEN_EPILOGUE 0
-#endif
 #ifndef HG_TILE_EPILOGUE
 // 1: the epilogue writes a whole tile's chunks (SwiGLU: gate's and up's, then
 // h's) before one barrier and their TMA stores, in four buffers a consumer,
 // with a 3-stage ring to make room; 0: chunk by chunk through two buffers,
 // two barriers a chunk.
 #define HG_TILE_EPILOGUE 0
+#endif
+#ifndef HG_HIDDEN_EPILOGUE
+// 1 (the default unless another schedule is asked for): the consumers hand
+// each finished tile over to the producer warpgroup's three idle warps
+// through a 64 KB buffer and go on to the next tile's main loop at once;
+// those warps store it by TMA and do SwiGLU's arithmetic, so the epilogue
+// runs under the next main loop. 0: the consumers store their tile
+// themselves before its next main loop.
+#define HG_HIDDEN_EPILOGUE (HG_PINGPONG || HG_TILE_EPILOGUE ? 0 : 1)
 #endif
 #ifndef HG_STAGES
 #define HG_STAGES (HG_PINGPONG ? 6 : HG_TILE_EPILOGUE || HG_HIDDEN_EPILOGUE ? 3 : 4)  // the ring's depth
@@ -321,11 +322,42 @@ struct GemmMaps {
   CUtensorMap d_up;  // SwiGLU: D's up columns (M, N/2)
   CUtensorMap h;     // SwiGLU: H (M, N/2)
   int tiles_m, tiles_n, k_tiles;
+  // SwiGLU's backward: [gate | up] read and [dgate | dup] written by plain
+  // loads and stores (rows of 2 n, strides in elements).
+  const __nv_bfloat16* gate_up;
+  __nv_bfloat16* grad;
+  int64_t gate_up_stride, grad_stride;
+  int m, n;
 };
+
+// SwiGLU's backward on 8 elements (16 bytes of each operand), as the engine's
+// pass computes it (engine/kernels/swiglu.cu: accurate expf, each result
+// rounded once): dgate = dh up s (1 + g (1 - s)), dup = dh g s, s = sigmoid(g).
+[[maybe_unused]] __device__ __forceinline__ void SwiGluBackward8(const uint4& dh, const uint4& gate, const uint4& up, uint4& dgate,
+                                                uint4& dup) {
+  const auto* d2 = reinterpret_cast<const __nv_bfloat162*>(&dh);
+  const auto* g2 = reinterpret_cast<const __nv_bfloat162*>(&gate);
+  const auto* u2 = reinterpret_cast<const __nv_bfloat162*>(&up);
+  auto* dg2 = reinterpret_cast<uint32_t*>(&dgate);
+  auto* du2 = reinterpret_cast<uint32_t*>(&dup);
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const float2 d = __bfloat1622float2(d2[e]), g = __bfloat1622float2(g2[e]), u = __bfloat1622float2(u2[e]);
+    const float sx = 1.f / (1.f + expf(-g.x)), sy = 1.f / (1.f + expf(-g.y));
+    du2[e] = PackBf16(d.x * g.x * sx, d.y * g.y * sy);
+    dg2[e] = PackBf16(d.x * u.x * sx * (1.f + g.x * (1.f - sx)), d.y * u.y * sy * (1.f + g.y * (1.f - sy)));
+  }
+}
 
 template <HopperEpilogue kEpilogue, bool kWTransposed>
 __global__ void __launch_bounds__(kThreads, 1) GemmKernel(const __grid_constant__ GemmMaps maps) {
   static_assert(!(kWTransposed && kEpilogue == HopperEpilogue::kSwiGlu), "SwiGLU takes W as stored");
+  static_assert(kEpilogue != HopperEpilogue::kSwiGluBackward || (kWTransposed && HG_HIDDEN_EPILOGUE),
+                "SwiGLU's backward takes W transposed, in the hidden epilogue");
+  constexpr bool kBackward = kEpilogue == HopperEpilogue::kSwiGluBackward;
+  // The backward's epilogue warps hold two units' operands in flight.
+  constexpr int kProducerRegisters = kBackward ? 72 : 40, kConsumerRegisters = kBackward ? 216 : 232;
+  static_assert(128 * kProducerRegisters + 256 * kConsumerRegisters <= 65536, "registers over the SM's");
   extern __shared__ uint8_t raw_smem[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw_smem) + 1023) & ~uintptr_t{1023});
   uint8_t* a_smem = smem;
@@ -353,7 +385,7 @@ __global__ void __launch_bounds__(kThreads, 1) GemmKernel(const __grid_constant_
     }
     if (HG_HIDDEN_EPILOGUE) {
       BarrierInit(ready, 256);  // every consumer thread, after its own writes
-      BarrierInit(released, 1);
+      BarrierInit(released, kBackward ? 96 : 1);  // the backward: every epilogue thread, after its reads
     } else {
       BarrierInit(&turn[0], 1);
       BarrierInit(&turn[1], 1);
@@ -365,7 +397,7 @@ __global__ void __launch_bounds__(kThreads, 1) GemmKernel(const __grid_constant_
   const int tiles = maps.tiles_m * maps.tiles_n;
   if (warpgroup == 0) {
     // The producer: one thread issues every load.
-    LowerRegisters<40>();
+    LowerRegisters<kProducerRegisters>();
 #if HG_HIDDEN_EPILOGUE
     if (tid >= 32) {
       // Warps 1-3: the epilogue of each tile the consumers hand over.
@@ -386,6 +418,47 @@ __global__ void __launch_bounds__(kThreads, 1) GemmKernel(const __grid_constant_
           }
           TmaStoreCommit();
           TmaStoreWaitRead<0>();
+          BarrierArrive(released);
+          continue;
+        }
+        if (kBackward) {
+          // 16-byte unit q of dh: consecutive threads along a row (eight
+          // units a row of a 64-column block), so that gate|up's reads and
+          // dgate|dup's writes are whole 128-byte lines; two units in flight.
+          auto unit = [&](int q, int& row, int& col) -> const uint4* {
+            const int u = q % 8, r = (q / 8) % 64, half = (q / 512) % 2, c = q / 1024;
+            row = tile.m * kBlockM + half * 64 + r;
+            col = tile.n * kBlockN + c * 64 + u * 8;
+            return reinterpret_cast<const uint4*>(chunk(c, half) + r * 128 + ((u ^ (r % 8)) * 16));
+          };
+          constexpr int kUnits = 4 * 2 * 64 * 8;  // the tile's 64 KB
+          for (int q = w; q < kUnits; q += 2 * 96) {
+            int row[2], col[2];
+            uint4 dh[2], g[2], u[2];
+            bool in[2];
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+              in[i] = false;
+              if (q + i * 96 >= kUnits) continue;
+              const uint4* d = unit(q + i * 96, row[i], col[i]);
+              in[i] = row[i] < maps.m && col[i] < maps.n;
+              if (in[i]) {
+                dh[i] = *d;
+                const __nv_bfloat16* p = maps.gate_up + row[i] * maps.gate_up_stride + col[i];
+                g[i] = __ldg(reinterpret_cast<const uint4*>(p));
+                u[i] = __ldg(reinterpret_cast<const uint4*>(p + maps.n));
+              }
+            }
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+              if (!in[i]) continue;
+              uint4 dg, du;
+              SwiGluBackward8(dh[i], g[i], u[i], dg, du);
+              __nv_bfloat16* p = maps.grad + row[i] * maps.grad_stride + col[i];
+              *reinterpret_cast<uint4*>(p) = dg;
+              *reinterpret_cast<uint4*>(p + maps.n) = du;
+            }
+          }
           BarrierArrive(released);
           continue;
         }
@@ -463,7 +536,7 @@ __global__ void __launch_bounds__(kThreads, 1) GemmKernel(const __grid_constant_
   }
 
   // The consumers: rows 64 * consumer .. + 63 of each tile.
-  RaiseRegisters<232>();
+  RaiseRegisters<kConsumerRegisters>();
   const int consumer = warpgroup - 1;
   const int warp = tid / 32, lane = tid % 32;
   uint8_t* chunks = chunk_smem + consumer * kSlots * kChunkBytes;
@@ -763,10 +836,21 @@ std::string HopperGemmBuild() {
          std::to_string(kSmemBytes) + " bytes of shared memory a block";
 }
 
+bool HopperGemmHas(HopperEpilogue epilogue) {
+  return epilogue != HopperEpilogue::kSwiGluBackward || HG_HIDDEN_EPILOGUE;
+}
+
 std::string HopperGemm(const HopperGemmOperands& o, HopperEpilogue epilogue, void* stream) {
   const DeviceInfo device = CurrentDevice();
   if (!device.hopper) return "HopperGemm: the current device is not a Hopper GPU (compute capability 9.0)";
   const bool swiglu = epilogue == HopperEpilogue::kSwiGlu;
+  const bool backward = epilogue == HopperEpilogue::kSwiGluBackward;
+  if (!HopperGemmHas(epilogue)) return "HopperGemm: SwiGLU's backward needs the hidden epilogue (HG_HIDDEN_EPILOGUE=1)";
+  if (backward && (!o.w_transposed || o.n % 8 != 0 || o.gate_up == nullptr || !Aligned(o.gate_up) ||
+                   o.gate_up_stride % 8 != 0 || o.gate_up_stride < 2 * o.n || o.d_stride < 2 * o.n)) {
+    return "HopperGemm: SwiGLU's backward needs W transposed, n a multiple of 8, and gate|up and D of 2 n columns, "
+           "16-byte aligned";
+  }
   if (o.m <= 0 || o.n <= 0 || o.k <= 0) return "HopperGemm: empty product";
   if (o.m >= (int64_t{1} << 31) || o.n >= (int64_t{1} << 31) || o.k >= (int64_t{1} << 31)) {
     return "HopperGemm: a dimension over 2^31";
@@ -803,10 +887,19 @@ std::string HopperGemm(const HopperGemmOperands& o, HopperEpilogue epilogue, voi
     maps.tiles_n = static_cast<int>((o.n + kBlockN - 1) / kBlockN);
   }
   if (!why.empty()) return "HopperGemm: " + why;
+  maps.gate_up = static_cast<const __nv_bfloat16*>(o.gate_up);
+  maps.grad = static_cast<__nv_bfloat16*>(o.d);
+  maps.gate_up_stride = o.gate_up_stride;
+  maps.grad_stride = o.d_stride;
+  maps.m = static_cast<int>(o.m);
+  maps.n = static_cast<int>(o.n);
   const int tiles = maps.tiles_m * maps.tiles_n;
   const int grid = std::min(tiles, device.sms);
   auto* s = static_cast<cudaStream_t>(stream);
   if (swiglu) return Launch<HopperEpilogue::kSwiGlu, false>(maps, grid, s);
+#if HG_HIDDEN_EPILOGUE
+  if (backward) return Launch<HopperEpilogue::kSwiGluBackward, true>(maps, grid, s);
+#endif
   return o.w_transposed ? Launch<HopperEpilogue::kPlain, true>(maps, grid, s)
                         : Launch<HopperEpilogue::kPlain, false>(maps, grid, s);
 }

@@ -1,11 +1,13 @@
 // A GEMM of our own for Hopper GPUs (sm_90a: TMA and wgmma), for the 8b
 // decoder's large bf16 products: D = X W^T with float32 accumulation, W given
 // either as stored by a linear layer (n, k) or transposed (k, n), and
-// optionally SwiGLU's forward in the epilogue. A measuring instrument, not a
-// part of the engine: the engine ran its forward products and SwiGLU's
-// forward on it (commits fcdcd35..7d64f21) and gained nothing in the step,
-// because at the card's power cap it spends the same joules a product as
-// cuBLAS (bench/speed/NOTES.md, "The GEMMs at the power cap").
+// optionally SwiGLU's forward or backward in the epilogue. A measuring
+// instrument, not a part of the engine: the engine ran its forward products
+// and SwiGLU's forward on it (commits fcdcd35..7d64f21, the epilogue then
+// between main loops) and gained nothing in the step, because at the card's
+// power cap it spends the same joules a product as cuBLAS (bench/speed/NOTES.md,
+// "The GEMMs at the power cap"); what the hidden epilogue below changes is
+// measured in "The epilogue under the main loop".
 // bench/gemm/hopper_gemm.cu checks it against cuBLAS and times it.
 //
 // Torch-free: raw device pointers, element strides, a cudaStream_t passed as
@@ -13,15 +15,20 @@
 //
 // The kernel: persistent (one block an SM, tiles of 128 x 256 rasterised in
 // groups of 16 row tiles), a producer warpgroup issuing TMA loads of 64-wide
-// k-slices into a 4-stage ring (128-byte swizzle), two consumer warpgroups
+// k-slices into a 3-stage ring (128-byte swizzle), two consumer warpgroups
 // on wgmma m64n256k16, and an epilogue that rounds each 64 x 64 chunk to
 // bf16 in shared memory (stmatrix) and stores it by TMA. Tails in every
 // dimension are TMA's (loads outside read zeros, stores outside are dropped).
-// Two other schedules are compile-time knobs (hopper_gemm_kernel.cu): the
-// epilogue handed to the producer warpgroup's idle warps through a 64 KB
-// buffer, under the next tile's main loop (HG_HIDDEN_EPILOGUE: SwiGLU's
-// forward then costs almost nothing), and ping-pong 128 x 128 tiles
-// (HG_PINGPONG: slower; bench/speed/NOTES.md, "The epilogue under the main loop").
+// By default the epilogue runs under the next tile's main loop: the
+// consumers hand each finished tile to the producer warpgroup's three idle
+// warps through a 64 KB buffer (a 3-stage ring makes room), which store it
+// and do SwiGLU's arithmetic (forward: h from the buffer; backward: dgate
+// and dup from the buffer's dh and gate|up read from memory). SwiGLU's
+// forward then costs almost nothing (bench/speed/NOTES.md, "The epilogue
+// under the main loop"). Compile-time knobs build the other schedules for
+// comparison: HG_HIDDEN_EPILOGUE=0 (the consumers store their own tile
+// between main loops, 4 stages), HG_PINGPONG=1 (128 x 128 tiles a
+// warpgroup, slower), HG_TILE_EPILOGUE=1.
 #pragma once
 
 #include <cstdint>
@@ -41,6 +48,8 @@ struct HopperGemmOperands {
   int64_t d_stride = 0;
   void* h = nullptr;  // SwiGLU only: (m, n / 2), rows h_stride apart
   int64_t h_stride = 0;
+  const void* gate_up = nullptr;  // SwiGLU's backward only: (m, 2 n), the forward's [gate | up]
+  int64_t gate_up_stride = 0;
   int64_t m = 0, n = 0, k = 0;
 };
 
@@ -50,7 +59,17 @@ enum class HopperEpilogue {
   // [gate | up]) and H = silu(gate) * up, gate and up rounded to bf16 first
   // (as a SwiGLU pass reading D would). W as stored (not transposed).
   kSwiGlu,
+  // SwiGLU's backward through down's input gradient: dh = X W^T (m, n) is
+  // rounded to bf16 (as the pass reading it would) and never written; D (m,
+  // 2 n) = [dgate | dup] with dgate = dh * up * silu'(gate), dup = dh *
+  // silu(gate) from gate_up = [gate | up]. W transposed (k, n) only (down's
+  // weight as stored), n a multiple of 8; hidden-epilogue builds only.
+  kSwiGluBackward,
 };
+
+// Whether this build's schedule has the epilogue (SwiGLU's backward needs
+// the hidden epilogue's warps).
+[[nodiscard]] bool HopperGemmHas(HopperEpilogue epilogue);
 
 // The kernel's compile-time settings (hopper_gemm_kernel.cu's HG_*),
 // for a measurement's log: "stages 4, group 16, ...".
