@@ -34,6 +34,16 @@
 // themselves before its next main loop.
 #define HG_HIDDEN_EPILOGUE (HG_PINGPONG || HG_TILE_EPILOGUE ? 0 : 1)
 #endif
+#ifndef HG_BACKWARD_TMA
+// SwiGLU's backward epilogue: 1 gate and up come by TMA into a 16 KB staging
+// area, 64 x 64 chunk by chunk, and dgate and dup leave by TMA from it; 0
+// the epilogue warps load and store them themselves, HG_BACKWARD_UNITS
+// 16-byte units a thread in flight.
+#define HG_BACKWARD_TMA 0
+#endif
+#ifndef HG_BACKWARD_UNITS
+#define HG_BACKWARD_UNITS 4
+#endif
 #ifndef HG_STAGES
 #define HG_STAGES (HG_PINGPONG ? 6 : HG_TILE_EPILOGUE || HG_HIDDEN_EPILOGUE ? 3 : 4)  // the ring's depth
 #endif
@@ -68,7 +78,10 @@ constexpr int kChunkBytes = kChunk * kChunk * 2;  // 8 KB
 // Chunk buffers a consumer warpgroup; the hidden epilogue's: the whole tile,
 // column block c (64 columns) of consumer w's rows at chunk 2 c + w.
 constexpr int kSlots = HG_TILE_EPILOGUE || HG_HIDDEN_EPILOGUE ? 4 : 2;
-constexpr int kSmemBytes = kStages * (kABytes + kBBytes) + 2 * kSlots * kChunkBytes + (2 * kStages + 2) * 8 + 1024;
+// SwiGLU's backward by TMA: a chunk of gate and the matching chunk of up.
+constexpr int kStagingBytes = HG_HIDDEN_EPILOGUE && HG_BACKWARD_TMA ? 2 * kChunkBytes : 0;
+constexpr int kSmemBytes =
+    kStages * (kABytes + kBBytes) + 2 * kSlots * kChunkBytes + kStagingBytes + (2 * kStages + 3) * 8 + 1024;
 static_assert(kSmemBytes <= 227 * 1024, "shared memory over the 227 KB a block may have");
 
 __device__ __forceinline__ uint32_t SmemAddress(const void* p) {
@@ -321,6 +334,8 @@ struct GemmMaps {
   CUtensorMap d;     // (M, N); SwiGLU: D's gate columns (M, N/2); box 64 x 64
   CUtensorMap d_up;  // SwiGLU: D's up columns (M, N/2)
   CUtensorMap h;     // SwiGLU: H (M, N/2)
+  CUtensorMap gate;  // SwiGLU's backward by TMA: gate (M, N) and up (M, N) of [gate | up]
+  CUtensorMap up;
   int tiles_m, tiles_n, k_tiles;
   // SwiGLU's backward: [gate | up] read and [dgate | dup] written by plain
   // loads and stores (rows of 2 n, strides in elements).
@@ -355,15 +370,17 @@ __global__ void __launch_bounds__(kThreads, 1) GemmKernel(const __grid_constant_
   static_assert(kEpilogue != HopperEpilogue::kSwiGluBackward || (kWTransposed && HG_HIDDEN_EPILOGUE),
                 "SwiGLU's backward takes W transposed, in the hidden epilogue");
   constexpr bool kBackward = kEpilogue == HopperEpilogue::kSwiGluBackward;
-  // The backward's epilogue warps hold two units' operands in flight.
-  constexpr int kProducerRegisters = kBackward ? 72 : 40, kConsumerRegisters = kBackward ? 216 : 232;
+  // The backward's epilogue warps hold HG_BACKWARD_UNITS units' operands in flight.
+  constexpr int kProducerRegisters = kBackward ? (HG_BACKWARD_UNITS > 2 ? 112 : 72) : 40;
+  constexpr int kConsumerRegisters = kBackward ? (HG_BACKWARD_UNITS > 2 ? 200 : 216) : 232;
   static_assert(128 * kProducerRegisters + 256 * kConsumerRegisters <= 65536, "registers over the SM's");
   extern __shared__ uint8_t raw_smem[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw_smem) + 1023) & ~uintptr_t{1023});
   uint8_t* a_smem = smem;
   uint8_t* b_smem = a_smem + kStages * kABytes;
   uint8_t* chunk_smem = b_smem + kStages * kBBytes;  // [consumer][kSlots][kChunkBytes]
-  uint64_t* full = reinterpret_cast<uint64_t*>(chunk_smem + 2 * kSlots * kChunkBytes);
+  uint8_t* staging = chunk_smem + 2 * kSlots * kChunkBytes;  // [gate chunk | up chunk], SwiGLU's backward by TMA
+  uint64_t* full = reinterpret_cast<uint64_t*>(staging + kStagingBytes);
   uint64_t* empty = full + kStages;
   // Ping-pong: turn[c] completes a phase when the other consumer has waited
   // for its tile's last k-slice, so that consumer c may wait for its own
@@ -375,6 +392,7 @@ __global__ void __launch_bounds__(kThreads, 1) GemmKernel(const __grid_constant_
   // written a tile into the buffer, `released` when its stores have read it.
   uint64_t* ready = empty + kStages;
   uint64_t* released = ready + 1;
+  uint64_t* staged = released + 1;  // SwiGLU's backward by TMA: a chunk of gate and up arrived
 
   const int warpgroup = threadIdx.x / 128;
   const int tid = threadIdx.x % 128;
@@ -385,7 +403,9 @@ __global__ void __launch_bounds__(kThreads, 1) GemmKernel(const __grid_constant_
     }
     if (HG_HIDDEN_EPILOGUE) {
       BarrierInit(ready, 256);  // every consumer thread, after its own writes
-      BarrierInit(released, kBackward ? 96 : 1);  // the backward: every epilogue thread, after its reads
+      // SwiGLU's backward without TMA: every epilogue thread, after its reads.
+      BarrierInit(released, kBackward && !HG_BACKWARD_TMA ? 96 : 1);
+      BarrierInit(staged, 1);
     } else {
       BarrierInit(&turn[0], 1);
       BarrierInit(&turn[1], 1);
@@ -405,6 +425,7 @@ __global__ void __launch_bounds__(kThreads, 1) GemmKernel(const __grid_constant_
       if (kEpilogue == HopperEpilogue::kPlain && w != 0) return;
       auto chunk = [&](int c, int half) { return chunk_smem + (2 * c + half) * kChunkBytes; };
       int n = 0;
+      [[maybe_unused]] int staged_count = 0;  // chunks staged so far (SwiGLU's backward by TMA)
       for (int t = blockIdx.x; t < tiles; t += gridDim.x, ++n) {
         const TileCoordinates tile = Tile(t, maps.tiles_m, maps.tiles_n);
         const int row = tile.m * kBlockM;
@@ -421,10 +442,50 @@ __global__ void __launch_bounds__(kThreads, 1) GemmKernel(const __grid_constant_
           BarrierArrive(released);
           continue;
         }
+#if HG_BACKWARD_TMA
+        if (kBackward) {
+          // Chunk by chunk (64 rows x 64 columns of dh; the staging area
+          // holds one of gate and one of up, in the buffer's swizzle, so a
+          // 16-byte unit sits at the same offset in all three): gate and up
+          // loaded, dgate and dup written over them, stored, and their reads
+          // waited for before the next chunk's loads.
+          for (int c = 0; c < 4; ++c) {
+            for (int half = 0; half < 2; ++half, ++staged_count) {
+              const int col = tile.n * kBlockN + c * kChunk, row_c = row + half * 64;
+              if (w == 0) {
+                BarrierExpectBytes(staged, 2 * kChunkBytes);
+                TmaLoad(staging, &maps.gate, col, row_c, staged);
+                TmaLoad(staging + kChunkBytes, &maps.up, col, row_c, staged);
+              }
+              BarrierWait(staged, staged_count & 1);
+              const uint8_t* dh = chunk(c, half);
+              for (int q = w; q < kChunkBytes / 16; q += 96) {
+                uint4* g = reinterpret_cast<uint4*>(staging) + q;
+                uint4* u = reinterpret_cast<uint4*>(staging + kChunkBytes) + q;
+                uint4 dg, du;
+                SwiGluBackward8(reinterpret_cast<const uint4*>(dh)[q], *g, *u, dg, du);
+                *g = dg;
+                *u = du;
+              }
+              FenceAsyncShared();
+              NamedBarrier(3, 96);
+              if (w == 0) {
+                TmaStoreUncommitted(&maps.d, staging, col, row_c);
+                TmaStoreUncommitted(&maps.d_up, staging + kChunkBytes, col, row_c);
+                TmaStoreCommit();
+                TmaStoreWaitRead<0>();
+              }
+              NamedBarrier(3, 96);
+            }
+          }
+          if (w == 0) BarrierArrive(released);
+          continue;
+        }
+#else
         if (kBackward) {
           // 16-byte unit q of dh: consecutive threads along a row (eight
           // units a row of a 64-column block), so that gate|up's reads and
-          // dgate|dup's writes are whole 128-byte lines; two units in flight.
+          // dgate|dup's writes are whole 128-byte lines; kInFlight units at a time.
           auto unit = [&](int q, int& row, int& col) -> const uint4* {
             const int u = q % 8, r = (q / 8) % 64, half = (q / 512) % 2, c = q / 1024;
             row = tile.m * kBlockM + half * 64 + r;
@@ -432,12 +493,13 @@ __global__ void __launch_bounds__(kThreads, 1) GemmKernel(const __grid_constant_
             return reinterpret_cast<const uint4*>(chunk(c, half) + r * 128 + ((u ^ (r % 8)) * 16));
           };
           constexpr int kUnits = 4 * 2 * 64 * 8;  // the tile's 64 KB
-          for (int q = w; q < kUnits; q += 2 * 96) {
-            int row[2], col[2];
-            uint4 dh[2], g[2], u[2];
-            bool in[2];
+          constexpr int kInFlight = HG_BACKWARD_UNITS;
+          for (int q = w; q < kUnits; q += kInFlight * 96) {
+            int row[kInFlight], col[kInFlight];
+            uint4 dh[kInFlight], g[kInFlight], u[kInFlight];
+            bool in[kInFlight];
 #pragma unroll
-            for (int i = 0; i < 2; ++i) {
+            for (int i = 0; i < kInFlight; ++i) {
               in[i] = false;
               if (q + i * 96 >= kUnits) continue;
               const uint4* d = unit(q + i * 96, row[i], col[i]);
@@ -450,7 +512,7 @@ __global__ void __launch_bounds__(kThreads, 1) GemmKernel(const __grid_constant_
               }
             }
 #pragma unroll
-            for (int i = 0; i < 2; ++i) {
+            for (int i = 0; i < kInFlight; ++i) {
               if (!in[i]) continue;
               uint4 dg, du;
               SwiGluBackward8(dh[i], g[i], u[i], dg, du);
@@ -462,6 +524,7 @@ __global__ void __launch_bounds__(kThreads, 1) GemmKernel(const __grid_constant_
           BarrierArrive(released);
           continue;
         }
+#endif
         // SwiGLU: column blocks 0, 1 gate's, 2, 3 up's. Gate and up stored,
         // h = silu(gate) * up written over gate's blocks (same swizzle, so
         // 16-byte unit q of up's half matches unit q of gate's), then stored.
@@ -827,6 +890,8 @@ std::string Launch(const GemmMaps& maps, int grid, cudaStream_t stream) {
 
 std::string HopperGemmBuild() {
   return std::string(HG_PINGPONG          ? "ping-pong 128 x 128"
+                     : HG_HIDDEN_EPILOGUE && HG_BACKWARD_TMA
+                         ? "cooperative 128 x 256, epilogue by the producer's warps (SwiGLU's backward by TMA)"
                      : HG_HIDDEN_EPILOGUE ? "cooperative 128 x 256, epilogue by the producer's warps"
                                           : "cooperative 128 x 256") +
          ", stages " +
@@ -883,7 +948,17 @@ std::string HopperGemm(const HopperGemmOperands& o, HopperEpilogue epilogue, voi
     if (why.empty()) {
       why = o.w_transposed ? Map(&maps.w, o.w, o.k, o.n, o.w_stride, 64) : Map(&maps.w, o.w, o.n, o.k, o.w_stride, kBlockN);
     }
-    if (why.empty()) why = Map(&maps.d, o.d, o.m, o.n, o.d_stride, kChunk);
+    if (why.empty() && backward) {
+      // SwiGLU's backward: D is [dgate | dup] (m, 2 n); gate and up of the
+      // forward's [gate | up] (by TMA in that build).
+      const auto* gate_up = static_cast<const __nv_bfloat16*>(o.gate_up);
+      auto* grad = static_cast<__nv_bfloat16*>(o.d);
+      why = Map(&maps.d, grad, o.m, o.n, o.d_stride, kChunk);
+      if (why.empty()) why = Map(&maps.d_up, grad + o.n, o.m, o.n, o.d_stride, kChunk);
+      if (why.empty()) why = Map(&maps.gate, gate_up, o.m, o.n, o.gate_up_stride, kChunk);
+      if (why.empty()) why = Map(&maps.up, gate_up + o.n, o.m, o.n, o.gate_up_stride, kChunk);
+    }
+    if (why.empty() && !backward) why = Map(&maps.d, o.d, o.m, o.n, o.d_stride, kChunk);
     maps.tiles_n = static_cast<int>((o.n + kBlockN - 1) / kBlockN);
   }
   if (!why.empty()) return "HopperGemm: " + why;
