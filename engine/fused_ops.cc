@@ -243,10 +243,17 @@ class AddRmsNormFunction : public torch::autograd::Function<AddRmsNormFunction> 
   }
 };
 
+// SwiGLU's output where something else made it already (gate|up's GEMM, in
+// its epilogue): the (rows, cols) view of rows cols + spare wide. Not a tensor
+// argument, so that autograd does not take it for an input of the node.
+struct MadeOutput {
+  torch::Tensor h;
+};
+
 class SwiGluFunction : public torch::autograd::Function<SwiGluFunction> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& gate, const torch::Tensor& up,
-                               int64_t spare) {
+                               int64_t spare, const MadeOutput& made) {
     const c10::cuda::CUDAGuard guard(gate.device());
     torch::Tensor g = Rows(gate), u = Rows(up);  // (rows, cols), in place when evenly spaced
     if (RowStride(g) != RowStride(u)) {
@@ -254,9 +261,12 @@ class SwiGluFunction : public torch::autograd::Function<SwiGluFunction> {
       u = u.contiguous();
     }
     const int64_t rows = g.size(0), cols = g.size(1);
-    torch::Tensor out = WithSpareColumns(rows, cols, spare, g.options());
-    Check(kernels::SwiGluForward(g.data_ptr(), u.data_ptr(), RowStride(g), out.data_ptr(), cols + spare, rows, cols,
-                                 DTypeOf(g), StreamOf(g)));
+    torch::Tensor out = made.h;
+    if (!out.defined()) {
+      out = WithSpareColumns(rows, cols, spare, g.options());
+      Check(kernels::SwiGluForward(g.data_ptr(), u.data_ptr(), RowStride(g), out.data_ptr(), cols + spare, rows,
+                                   cols, DTypeOf(g), StreamOf(g)));
+    }
     ctx->save_for_backward({g, u});
     return out.view(gate.sizes());
   }
@@ -284,7 +294,7 @@ class SwiGluFunction : public torch::autograd::Function<SwiGluFunction> {
     Check(kernels::SwiGluBackward(dout.data_ptr(), RowStride(dout), g.data_ptr(), u.data_ptr(), in_stride,
                                   dgate.data_ptr(), dup.data_ptr(), halves ? 2 * cols : cols, rows, cols, DTypeOf(g),
                                   StreamOf(g)));
-    return {dgate.view(grads[0].sizes()), dup.view(grads[0].sizes()), torch::Tensor()};
+    return {dgate.view(grads[0].sizes()), dup.view(grads[0].sizes()), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -452,11 +462,14 @@ std::pair<torch::Tensor, torch::Tensor> FusedAddRmsNorm(const torch::Tensor& res
   return {sum, FusedRmsNorm(sum, weight, eps, spare_columns, rstd)};
 }
 
-torch::Tensor FusedSwiGlu(const torch::Tensor& gate, const torch::Tensor& up, int64_t spare_columns) {
+torch::Tensor FusedSwiGlu(const torch::Tensor& gate, const torch::Tensor& up, int64_t spare_columns,
+                          const torch::Tensor& made) {
 #ifdef TRAINERD_WITH_CUDA_KERNELS
   if (KernelTensor(gate) && up.defined() && up.sizes() == gate.sizes() && up.scalar_type() == gate.scalar_type() &&
       up.device() == gate.device()) {
-    return SwiGluFunction::apply(gate, up, spare_columns);
+    const bool made_fits = made.defined() && made.numel() == gate.numel() && made.size(-1) == gate.size(-1) &&
+                           made.scalar_type() == gate.scalar_type() && made.device() == gate.device();
+    return SwiGluFunction::apply(gate, up, spare_columns, MadeOutput{made_fits ? made : torch::Tensor()});
   }
 #endif
   return PlainSwiGlu(gate, up);

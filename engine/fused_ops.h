@@ -67,8 +67,12 @@ std::pair<torch::Tensor, torch::Tensor> FusedAddRmsNorm(const torch::Tensor& res
 // reads gate, up and the incoming gradient in place when their rows are evenly
 // spaced (gate and up the halves of one gate|up product), and then writes
 // their gradients as the halves of one buffer too. spare_columns: as for
-// FusedRmsNorm (room for the down projection's group).
-torch::Tensor FusedSwiGlu(const torch::Tensor& gate, const torch::Tensor& up, int64_t spare_columns = 0);
+// FusedRmsNorm (room for the down projection's group). made: the output
+// already made where the kernels run (gate|up's GEMM wrote it in its
+// epilogue, ForwardGroup's SwiGluOutput): (rows, cols), rows cols +
+// spare_columns apart; returned as the node's output without a pass.
+torch::Tensor FusedSwiGlu(const torch::Tensor& gate, const torch::Tensor& up, int64_t spare_columns = 0,
+                          const torch::Tensor& made = {});
 torch::Tensor PlainSwiGlu(const torch::Tensor& gate, const torch::Tensor& up);
 
 // Rotary embedding, rotate_half convention: x * cos + rotate_half(x) * sin,

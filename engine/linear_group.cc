@@ -6,6 +6,7 @@
 
 #include "engine/fused_ops.h"
 #include "engine/lora_dropout.h"
+#include "engine/swiglu_gemm.h"
 
 namespace trainerd::engine {
 
@@ -114,7 +115,7 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
   static tensor_list forward(AutogradContext* ctx, const torch::Tensor& x, at::TensorList lora,
                              const LinearGroup& group, const std::vector<double>& scaling,
                              const InputRecipe& recipe, const DropoutMasks& dropout,
-                             const std::vector<double>& dropout_p) {
+                             const std::vector<double>& dropout_p, SwiGluOutput* swiglu) {
     const int64_t n = x.size(0), in = group.in, cols = group.cols;
     const int64_t rank = Sum(group.ranks);
     bool any_dropout = false;
@@ -175,7 +176,12 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
         lora_product(t);
       }
       if (cols > rank) x_ext.narrow(1, in + rank, cols - rank).zero_();
-      y = group.bias.defined() ? torch::addmm(group.bias, x_ext, top.t()) : torch::mm(x_ext, top.t());
+      if (swiglu != nullptr && !group.bias.defined() && group.outs.size() == 2 && group.outs[0] == group.outs[1]) {
+        y = GateUpWithSwiGlu(x_ext, top, swiglu->spare_columns, &swiglu->h);
+      }
+      if (!y.defined()) {
+        y = group.bias.defined() ? torch::addmm(group.bias, x_ext, top.t()) : torch::mm(x_ext, top.t());
+      }
     } else {
       // No room left by the producer (attention's output, for o; cols > 0,
       // so rank > 0): the LoRA term first, t (sB)^T by a thin product, then
@@ -361,6 +367,7 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
     result.push_back(torch::Tensor());  // recipe
     result.push_back(torch::Tensor());  // dropout
     result.push_back(torch::Tensor());  // dropout_p
+    result.push_back(torch::Tensor());  // swiglu
     return result;
   }
 
@@ -533,7 +540,7 @@ void Widen(LinearGroup& group, const std::vector<Linear*>& members) {
 
 std::vector<torch::Tensor> ForwardGroup(const LinearGroup& group, const std::vector<const Linear*>& members,
                                         const torch::Tensor& x, const InputRecipe& recipe,
-                                        const DropoutMasks& dropout) {
+                                        const DropoutMasks& dropout, SwiGluOutput* swiglu) {
   std::vector<torch::Tensor> outputs;
   if (!WidenedLayoutFits(group, members)) {
     for (size_t i = 0; i < members.size(); ++i) {
@@ -547,7 +554,8 @@ std::vector<torch::Tensor> ForwardGroup(const LinearGroup& group, const std::vec
   std::vector<torch::Tensor> lora;
   std::vector<double> scaling, dropout_p;
   LoraOf(members, &lora, &scaling, &dropout_p);
-  tensor_list ys = WidenedGroupFunction::apply(x2, at::TensorList(lora), group, scaling, recipe, dropout, dropout_p);
+  tensor_list ys =
+      WidenedGroupFunction::apply(x2, at::TensorList(lora), group, scaling, recipe, dropout, dropout_p, swiglu);
   for (size_t i = 0; i < members.size(); ++i) {
     std::vector<int64_t> shape = x.sizes().vec();
     shape.back() = group.outs[i];

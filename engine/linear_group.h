@@ -139,18 +139,28 @@ void Widen(LinearGroup& group, const std::vector<Linear*>& members);
 // only, since each forward checks its own group.
 void RefreshLoraCopies(const std::vector<GroupMembers>& groups);
 
+// SwiGLU's output asked of a gate|up group's GEMM (two members of equal width,
+// gate's then up's; engine/swiglu_gemm.h, GateUpWithSwiGlu): where the
+// GEMM of our own takes it, h is silu(gate) * up (N, f) in rows f +
+// spare_columns wide, for FusedSwiGlu's `made`; else undefined.
+struct SwiGluOutput {
+  int64_t spare_columns = 0;
+  torch::Tensor h;
+};
+
 // Each member applied to x (..., in): their outputs (..., out_i) in order, as
 // Linear::Forward gives them. On the widened node the outputs are column views
 // of one (N, sum out_i) product (row stride sum out_i); `recipe` says how x was
 // made, if the node may keep that instead of x (ignored elsewhere). `dropout`:
 // the pass's draw (training) and member 0's mask number; member i's LoRA
-// dropout takes mask dropout.first + i.
+// dropout takes mask dropout.first + i. swiglu: SwiGLU's output asked too.
 std::vector<torch::Tensor> ForwardGroup(const LinearGroup& group, const std::vector<const Linear*>& members,
                                         const torch::Tensor& x, const InputRecipe& recipe = {},
-                                        const DropoutMasks& dropout = {});
+                                        const DropoutMasks& dropout = {}, SwiGluOutput* swiglu = nullptr);
 inline std::vector<torch::Tensor> ForwardGroup(const GroupMembers& group, const torch::Tensor& x,
-                                               const InputRecipe& recipe = {}, const DropoutMasks& dropout = {}) {
-  return ForwardGroup(*group.group, group.members, x, recipe, dropout);
+                                               const InputRecipe& recipe = {}, const DropoutMasks& dropout = {},
+                                               SwiGluOutput* swiglu = nullptr) {
+  return ForwardGroup(*group.group, group.members, x, recipe, dropout, swiglu);
 }
 
 }  // namespace trainerd::engine

@@ -331,9 +331,12 @@ LlamaModel::Residual LlamaModel::LayerForward(size_t index, const Residual& h, c
   std::tie(r, x) = FusedAddRmsNorm(sum, attention, layer.post_attention_norm, eps, layer.gate_up.spare_columns(),
                                    &normed.norm_rstd);
   normed.norm_input = r;
+  // SwiGLU in gate|up's GEMM where the GEMM of our own takes it (engine/swiglu_gemm.h);
+  // FusedSwiGlu's node then returns that output, else makes it.
+  SwiGluOutput made{layer.down.spare_columns(), {}};
   const std::vector<torch::Tensor> gate_up =
-      ForwardGroup(layer.GateUpGroup(), x, normed, {masks.draw, masks.first + DecoderLayer::kGateUpFirst});
-  const torch::Tensor act = FusedSwiGlu(gate_up[0], gate_up[1], layer.down.spare_columns());
+      ForwardGroup(layer.GateUpGroup(), x, normed, {masks.draw, masks.first + DecoderLayer::kGateUpFirst}, &made);
+  const torch::Tensor act = FusedSwiGlu(gate_up[0], gate_up[1], layer.down.spare_columns(), made.h);
   // With checkpointing on (memory first), a layer that keeps its activations
   // does not keep the SwiGLU output either: down makes it again in its
   // backward, one elementwise pass. Recomputed layers need no such saving.

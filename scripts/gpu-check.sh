@@ -6,7 +6,7 @@
 # kernels' and speed paths' tests on CUDA, and the kernels under compute-sanitizer.
 # Logs go to $OUT (or /tmp/gpu-check).
 # QUICK=1: only the engine's CUDA suites (parity, packing, fused kernels, speed paths, step graphs, LoRA
-# dropout; about two minutes with the build): the targets they need are built, and the CPU suite, compute-sanitizer,
+# dropout, SwiGLU's GEMM; about two minutes with the build): the targets they need are built, and the CPU suite, compute-sanitizer,
 # the PEFT and transformers loads, the demo and the daemon are skipped.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -21,7 +21,7 @@ b=/tmp/b
 quick=${QUICK:-0}
 targets=()
 [ "$quick" = 1 ] && targets=(--target parity_test packing_test fused_ops_test speed_paths_test step_graph_test
-  lora_dropout_test)
+  lora_dropout_test swiglu_gemm_test)
 cmake -S . -B $b -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
   -DCMAKE_PREFIX_PATH="$TORCH_PREFIX;$R/usr" \
   > "$out/build.log" 2>&1 && cmake --build $b -j16 "${targets[@]}" -- -k 0 >> "$out/build.log" 2>&1
@@ -48,14 +48,18 @@ for dtype in bfloat16 float32; do
   TRAINERD_TEST_DEVICE=cuda TRAINERD_TEST_DTYPE=$dtype $b/tests/engine/lora_dropout_test \
     > "$out/lora-dropout-cuda-$dtype.log" 2>&1
   echo "lora_dropout_test $dtype rc $?"
+  TRAINERD_TEST_DEVICE=cuda TRAINERD_TEST_DTYPE=$dtype $b/tests/engine/swiglu_gemm_test \
+    > "$out/swiglu-gemm-cuda-$dtype.log" 2>&1
+  echo "swiglu_gemm_test $dtype rc $?"
 done
 if [ "$quick" = 1 ]; then
   for log in "$out"/fused-ops-cuda.log "$out"/speed-paths-cuda-*.log "$out"/step-graph-cuda-*.log \
-    "$out"/lora-dropout-cuda-*.log; do grep -E '^\[  (PASSED|FAILED)' "$log"; done
+    "$out"/lora-dropout-cuda-*.log "$out"/swiglu-gemm-cuda-*.log; do grep -E '^\[  (PASSED|FAILED)' "$log"; done
   exit 0
 fi
 OUT=$out/sanitize bash scripts/gpu-sanitize.sh $b
 OUT=$out/sanitize-dropout SUITE=dropout bash scripts/gpu-sanitize.sh $b
+OUT=$out/sanitize-gemm SUITE=gemm bash scripts/gpu-sanitize.sh $b
 echo "== PEFT loads the adapter trainerd wrote (trained on CUDA float32, checked on CPU)"
 python3 tools/check_peft_load.py tests/fixtures/llama/model /tmp/peft-float32 2>&1 | tail -1 | tee "$out/peft-load.txt"
 echo "== demo on the GPU"; $b/bin/trainerd-worker run etc/examples/tiny-lora.yaml > "$out/demo.log" 2>&1; echo "demo rc $?"; tail -3 "$out/demo.log"

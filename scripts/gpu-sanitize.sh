@@ -18,7 +18,9 @@
 # SUITE=dropout: the LoRA dropout kernel's tests instead (tests/engine/lora_dropout_test
 # on CUDA, default filter LoraDropout.*), once per dtype of DTYPES (default
 # "bfloat16 float32": the kernels' instantiations differ by dtype; the float16
-# test runs in both).
+# test runs in both). SUITE=gemm: the Hopper GEMM's (tests/engine/swiglu_gemm_test in
+# bfloat16, default filter SwiGluGemm.*; its racecheck covers the epilogue's hand-over
+# buffers).
 # Logs go to $OUT (or /tmp/gpu-sanitize); prints one summary line and exits
 # non-zero when a tool reported an error or the binary is missing.
 set -uo pipefail
@@ -27,6 +29,10 @@ if [ "${SUITE:-fused}" = dropout ]; then
   bin=$b/tests/engine/lora_dropout_test filter=${FILTER:-LoraDropout.*}
   export TRAINERD_TEST_DEVICE=cuda
   dtypes=${DTYPES:-bfloat16 float32}
+elif [ "${SUITE:-fused}" = gemm ]; then
+  bin=$b/tests/engine/swiglu_gemm_test filter=${FILTER:-SwiGluGemm.*}
+  export TRAINERD_TEST_DEVICE=cuda
+  dtypes=${DTYPES:-bfloat16}
 else
   bin=$b/tests/engine/fused_ops_test filter=${FILTER:-FusedOpsCudaTest.*}
   dtypes=own  # the fused tests run their own dtypes

@@ -1,4 +1,4 @@
-// Checks the Hopper GEMM (bench/gemm/hopper_gemm_kernel.h: D = X W^T in bf16
+// Checks the Hopper GEMM (engine/kernels/hopper_gemm.h: D = X W^T in bf16
 // with float32 accumulation, W as stored or transposed, SwiGLU's forward as
 // an optional epilogue) against cuBLAS and float64, and times it beside
 // cuBLAS at the 8b row's shapes. The question it answers (bench/speed/NOTES.md,
@@ -7,12 +7,12 @@
 //
 // Build and run on the GPU machine, from the repository root:
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -lineinfo -I. -o /tmp/hopper_gemm
-//        bench/gemm/hopper_gemm.cu bench/gemm/hopper_gemm_kernel.cu -lcublas -ldl
+//        bench/gemm/hopper_gemm.cu engine/kernels/hopper_gemm.cu -lcublas -ldl
 // (or the CMake build's hopper_gemm_bench, built wherever nvcc and cuBLAS are)
 //   /tmp/hopper_gemm            # every check, then every timing
 //   /tmp/hopper_gemm check | time [NAME PART]   # one of them; timings of some cases
 //   /tmp/hopper_gemm energy [NAME PART]   # joules a launch at the power cap (NVML)
-// The kernel's compile-time knobs (-D; hopper_gemm_kernel.cu) build
+// The kernel's compile-time knobs (-D; engine/kernels/hopper_gemm.cu) build
 // variants to time: HG_HIDDEN_EPILOGUE, HG_PINGPONG (the schedules), HG_STAGES,
 // HG_GROUP, HG_STMATRIX, HG_FAST_SILU, HG_PROBE (probes that leave out part of
 // the epilogue: their checks fail).
@@ -33,7 +33,7 @@
 #include <string>
 #include <vector>
 
-#include "bench/gemm/hopper_gemm_kernel.h"
+#include "engine/kernels/hopper_gemm.h"
 
 namespace {
 

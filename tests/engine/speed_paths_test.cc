@@ -22,6 +22,7 @@
 #include "engine/step_readback.h"
 #include "engine/tensor_io.h"
 #include "tests/engine/test_support.h"
+#include "tests/engine/wide_rows.h"
 
 namespace trainerd::testing {
 namespace {
@@ -143,24 +144,6 @@ TEST(ActivationCheckpointing, SameLossAndGradientsWithDropout) {
   // more than rounding moves it (measured: 1.7% in bfloat16 on CUDA).
   EXPECT_GT(std::abs(plain_loss[0.3] - plain_loss[0.0]), 0.005 * std::abs(plain_loss[0.0]));
 }
-
-// x (N, in) copied into the left part of rows `in + spare` wide, made inside a
-// custom Function as the fused kernels make their outputs (FusedRmsNorm,
-// FusedSwiGlu): autograd treats views with that origin strictly when their
-// base changes in place, which the widened node does to the spare columns.
-class WideRowsFunction : public torch::autograd::Function<WideRowsFunction> {
- public:
-  static torch::Tensor forward(torch::autograd::AutogradContext*, const torch::Tensor& x, int64_t spare) {
-    const torch::Tensor rows = torch::empty({x.size(0), x.size(1) + spare}, x.options());
-    torch::Tensor left = rows.narrow(1, 0, x.size(1));
-    left.copy_(x);
-    return left;
-  }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*,
-                                                 torch::autograd::variable_list grads) {
-    return {grads[0], torch::Tensor()};
-  }
-};
 
 // Identity whose backward hands on its output gradient as the left part of
 // rows `spare` elements wider, NaN in the spare columns, as the norm after a

@@ -1,17 +1,17 @@
 // A GEMM of our own for Hopper GPUs (sm_90a: TMA and wgmma), for the 8b
 // decoder's large bf16 products: D = X W^T with float32 accumulation, W given
 // either as stored by a linear layer (n, k) or transposed (k, n), and
-// optionally SwiGLU's forward or backward in the epilogue. A measuring
-// instrument, not a part of the engine: the engine ran its forward products
-// and SwiGLU's forward on it (commits fcdcd35..7d64f21, the epilogue then
-// between main loops) and gained nothing in the step, because at the card's
-// power cap it spends the same joules a product as cuBLAS (bench/speed/NOTES.md,
-// "The GEMMs at the power cap"); what the hidden epilogue below changes is
-// measured in "The epilogue under the main loop".
-// bench/gemm/hopper_gemm.cu checks it against cuBLAS and times it.
+// optionally SwiGLU's forward or backward in the epilogue. The engine runs it
+// for one product, gate|up's forward with SwiGLU in the epilogue
+// (engine/swiglu_gemm.h, behind TRAINERD_HOPPER_GEMM), where the fusion saves
+// the SwiGLU pass's joules; a plain product on it spends the same joules as
+// cuBLAS's at the card's power cap, so the others stay cuBLAS's
+// (bench/speed/NOTES.md, "The GEMMs at the power cap" and "The epilogue under
+// the main loop"). bench/gemm/hopper_gemm.cu checks it against cuBLAS and
+// float64 and measures it.
 //
 // Torch-free: raw device pointers, element strides, a cudaStream_t passed as
-// `void*`. Built for sm_90a only (bench/gemm/CMakeLists.txt).
+// `void*`. Built for sm_90a only (a library of its own, engine/CMakeLists.txt).
 //
 // The kernel: persistent (one block an SM, tiles of 128 x 256 rasterised in
 // groups of 16 row tiles), a producer warpgroup issuing TMA loads of 64-wide
@@ -71,7 +71,7 @@ enum class HopperEpilogue {
 // the hidden epilogue's warps).
 [[nodiscard]] bool HopperGemmHas(HopperEpilogue epilogue);
 
-// The kernel's compile-time settings (hopper_gemm_kernel.cu's HG_*),
+// The kernel's compile-time settings (hopper_gemm.cu's HG_*),
 // for a measurement's log: "stages 4, group 16, ...".
 [[nodiscard]] std::string HopperGemmBuild();
 

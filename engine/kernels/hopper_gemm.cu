@@ -1,8 +1,8 @@
-// The Hopper GEMM (hopper_gemm_kernel.h): kernel and launcher. Built for
+// The Hopper GEMM (hopper_gemm.h): kernel and launcher. Built for
 // sm_90a only (wgmma, setmaxnreg). bench/gemm/hopper_gemm.cu checks it against
 // cuBLAS and float64 and times it; its compile-time knobs (-D) build that
 // harness's variants.
-#include "bench/gemm/hopper_gemm_kernel.h"
+#include "engine/kernels/hopper_gemm.h"
 
 #include <cuda.h>
 #include <cuda_bf16.h>
@@ -586,7 +586,9 @@ __global__ void __launch_bounds__(kThreads, 1) GemmKernel(const __grid_constant_
         TmaLoad(a_smem + s * kABytes, &maps.x, k, tile.m * kBlockM, &full[s]);
         if (kWTransposed) {
 #pragma unroll
-          for (int j = 0; j < kBlockN / 64; ++j) TmaLoad(b + j * kBoxBytes, &maps.w, tile.n * kBlockN + 64 * j, k, &full[s]);
+          for (int j = 0; j < kBlockN / 64; ++j) {
+            TmaLoad(b + j * kBoxBytes, &maps.w, tile.n * kBlockN + 64 * j, k, &full[s]);
+          }
         } else if (kEpilogue == HopperEpilogue::kPlain) {
           TmaLoad(b, &maps.w, k, tile.n * kBlockN, &full[s]);
         } else {
@@ -879,7 +881,8 @@ std::string Launch(const GemmMaps& maps, int grid, cudaStream_t stream) {
                                                cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   });
   if (raised[device % 64] != cudaSuccess) {
-    return std::string("HopperGemm: raising the shared-memory limit failed: ") + cudaGetErrorString(raised[device % 64]);
+    return std::string("HopperGemm: raising the shared-memory limit failed: ") +
+           cudaGetErrorString(raised[device % 64]);
   }
   GemmKernel<kEpilogue, kWTransposed><<<grid, kThreads, kSmemBytes, stream>>>(maps);
   const cudaError_t e = cudaGetLastError();
@@ -946,7 +949,8 @@ std::string HopperGemm(const HopperGemmOperands& o, HopperEpilogue epilogue, voi
     maps.tiles_n = static_cast<int>((f + kBlockN / 2 - 1) / (kBlockN / 2));
   } else {
     if (why.empty()) {
-      why = o.w_transposed ? Map(&maps.w, o.w, o.k, o.n, o.w_stride, 64) : Map(&maps.w, o.w, o.n, o.k, o.w_stride, kBlockN);
+      why = o.w_transposed ? Map(&maps.w, o.w, o.k, o.n, o.w_stride, 64)
+                           : Map(&maps.w, o.w, o.n, o.k, o.w_stride, kBlockN);
     }
     if (why.empty() && backward) {
       // SwiGLU's backward: D is [dgate | dup] (m, 2 n); gate and up of the

@@ -1,0 +1,177 @@
+// engine/swiglu_gemm.h: SwiGLU in gate|up's GEMM. The group's GEMM makes h =
+// silu(gate) * up in rows with the down group's spare columns, FusedSwiGlu
+// given it returns it as its node's output, and the outputs, loss and
+// gradients are SwiGLU's own pass's; the GEMM of our own takes exactly the
+// products it should: bf16 on a Hopper GPU, shapes that fill the SMs, the
+// setting on; none in float32, none on the CPU, none switched off.
+// Its results against cuBLAS and the SwiGLU kernel are the point on the GPU
+// (TRAINERD_TEST_DEVICE=cuda TRAINERD_TEST_DTYPE=bfloat16 on an H100/H200); on
+// the CPU (CI) the fall-back's plumbing is what runs.
+#include "engine/swiglu_gemm.h"
+
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#ifdef TRAINERD_WITH_HOPPER_GEMM
+#include <ATen/cuda/CUDAContext.h>
+#endif
+
+#include "engine/fused_ops.h"
+#include "engine/linear.h"
+#include "engine/linear_group.h"
+#include "tests/engine/test_support.h"
+#include "tests/engine/wide_rows.h"
+
+namespace trainerd {
+namespace {
+
+using testing::RelativeError;
+using testing::TorchTestDevice;
+using testing::TorchTestDtype;
+
+// Whether the GEMM of our own should take an (m x k) (k x n) product in this
+// run: bf16 on a Hopper GPU in a build that has the kernel, k at least 256
+// and a 128 x 256 tile for every SM.
+bool Expected(int64_t m, int64_t n, int64_t k) {
+#ifdef TRAINERD_WITH_HOPPER_GEMM
+  if (TorchTestDtype() != torch::kBFloat16 || !TorchTestDevice().is_cuda()) return false;
+  const cudaDeviceProp* device = at::cuda::getDeviceProperties(TorchTestDevice().index() < 0 ? 0 : TorchTestDevice().index());
+  const int64_t tiles = ((m + 127) / 128) * ((n + 255) / 256);
+  return device->major == 9 && device->minor == 0 && k >= 256 && tiles >= device->multiProcessorCount;
+#else
+  (void)m, (void)n, (void)k;
+  return false;
+#endif
+}
+
+// The tolerance of bf16 results against SwiGLU's own pass (the product's
+// summation order alone; outputs rounded to 8 bits of mantissa).
+double Tolerance() { return TorchTestDtype() == torch::kBFloat16 ? 2e-2 : 2e-6; }
+
+// gate and up layers of width f on an input of `in`, each with a rank-8 LoRA
+// (float32 parameters that want gradients), widened into one group.
+struct GateUp {
+  std::vector<engine::Linear> layers;
+  engine::LinearGroup group;
+  std::vector<const engine::Linear*> members;
+
+  GateUp(int64_t in, int64_t f) : layers(2) {
+    const auto opts = torch::TensorOptions().dtype(TorchTestDtype()).device(TorchTestDevice());
+    const auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(TorchTestDevice());
+    const char* names[2] = {"gate", "up"};
+    for (int i = 0; i < 2; ++i) {
+      layers[i].name = names[i];
+      layers[i].weight = torch::randn({f, in}, opts) * 0.03;
+      engine::LoraWeights lora;
+      lora.a = (torch::randn({8, in}, f32) * 0.03).set_requires_grad(true);
+      lora.b = (torch::randn({f, 8}, f32) * 0.03).set_requires_grad(true);
+      lora.scaling = 2.0;
+      layers[i].lora = lora;
+    }
+    engine::Widen(group, {&layers[0], &layers[1]});
+    members = {&layers[0], &layers[1]};
+  }
+
+  // h for input p with the setting `on`, then the gradients of a loss
+  // weighing h's columns differently: {h, dp, dA_gate, dB_gate, dA_up,
+  // dB_up}. *made: whether the GEMM made h.
+  std::vector<torch::Tensor> Run(const torch::Tensor& p, int64_t spare, bool on, bool* made) {
+    engine::SetSwiGluGemm(on);
+    for (auto& l : layers) {
+      l.lora->a.mutable_grad() = torch::Tensor();
+      l.lora->b.mutable_grad() = torch::Tensor();
+    }
+    // The input as the norm before gate|up leaves it: rows with the group's spare columns.
+    const torch::Tensor leaf = p.clone().requires_grad_(true);
+    const torch::Tensor x = testing::WideRowsFunction::apply(leaf, group.cols);
+    engine::SwiGluOutput swiglu{spare, {}};
+    const std::vector<torch::Tensor> gate_up = engine::ForwardGroup(group, members, x, {}, {}, &swiglu);
+    *made = swiglu.h.defined();
+    if (*made) {
+      EXPECT_EQ(swiglu.h.stride(0), gate_up[0].size(-1) + spare) << "h's rows leave the down group's columns";
+      EXPECT_EQ(swiglu.h.size(1), gate_up[0].size(-1));
+    }
+    const torch::Tensor h = engine::FusedSwiGlu(gate_up[0], gate_up[1], spare, swiglu.h);
+    if (*made) {
+      EXPECT_EQ(h.data_ptr(), swiglu.h.data_ptr()) << "the node returns the GEMM's output";
+    }
+    const torch::Tensor weights =
+        torch::randn({1, h.size(-1)}, torch::TensorOptions().dtype(torch::kFloat32).device(TorchTestDevice()));
+    (h.to(torch::kFloat32) * weights).sum().backward();
+    std::vector<torch::Tensor> results{h.detach().clone(), leaf.grad().clone()};
+    for (const auto& l : layers) {
+      results.push_back(l.lora->a.grad().clone());
+      results.push_back(l.lora->b.grad().clone());
+    }
+    engine::SetSwiGluGemm(false);
+    return results;
+  }
+};
+
+// With the GEMM and without it (SwiGLU's own pass): the same h, input gradient
+// and LoRA gradients; the GEMM ran where it should, and only there.
+TEST(SwiGluGemm, SameAsSwiGlusOwnPass) {
+  const auto opts = torch::TensorOptions().dtype(TorchTestDtype()).device(TorchTestDevice());
+  struct Shape {
+    int64_t tokens, in, f, spare;
+  };
+  // Tails in every dimension of the product (m not a multiple of 128, gate's
+  // width not of 128, k = in + the LoRA columns not of 64), then none.
+  for (const Shape& s : {Shape{4200, 1000, 2056, 8}, Shape{4224, 1024, 2048, 16}}) {
+    torch::manual_seed(13);
+    GateUp gate_up(s.in, s.f);
+    const torch::Tensor p = torch::randn({s.tokens, s.in}, opts);
+    bool made_with = false, made_without = false;
+    const int64_t runs_before = engine::SwiGluGemmRuns();
+    torch::manual_seed(17);
+    const std::vector<torch::Tensor> with = gate_up.Run(p, s.spare, /*on=*/true, &made_with);
+    const int64_t runs = engine::SwiGluGemmRuns() - runs_before;
+    torch::manual_seed(17);
+    const std::vector<torch::Tensor> without = gate_up.Run(p, s.spare, /*on=*/false, &made_without);
+    const bool expected = Expected(s.tokens, 2 * s.f, gate_up.group.widened.size(1));
+    EXPECT_EQ(made_with, expected) << s.tokens << " x " << 2 * s.f;
+    EXPECT_EQ(runs, expected ? 1 : 0);
+    EXPECT_FALSE(made_without) << "switched off, SwiGLU is its own pass";
+    testing::Report("SwiGLU made by gate|up's GEMM (" + std::to_string(s.tokens) + " tokens)", made_with ? 1 : 0);
+    ASSERT_EQ(with.size(), without.size());
+    for (size_t i = 0; i < with.size(); ++i) {
+      EXPECT_LE(RelativeError(with[i], without[i]), Tolerance()) << s.tokens << " tokens, result " << i;
+    }
+  }
+}
+
+// What it declines even when switched on: products too small to fill the SMs
+// (one layer of a tiny model), float32 and the CPU (Expected says which),
+// and h rows whose spare columns break TMA's 16-byte rows.
+TEST(SwiGluGemm, DeclinesWhatItShould) {
+  const auto opts = torch::TensorOptions().dtype(TorchTestDtype()).device(TorchTestDevice());
+  engine::SetSwiGluGemm(true);
+  const int64_t runs_before = engine::SwiGluGemmRuns();
+  torch::Tensor h;
+  const torch::Tensor small_x = torch::randn({256, 512}, opts), small_w = torch::randn({1024, 512}, opts);
+  EXPECT_FALSE(engine::GateUpWithSwiGlu(small_x, small_w, 8, &h).defined());
+  EXPECT_FALSE(h.defined());
+  const torch::Tensor x = torch::randn({4224, 1024}, opts), w = torch::randn({4096, 1024}, opts) * 0.03;
+  EXPECT_FALSE(engine::GateUpWithSwiGlu(x, w, 4, &h).defined()) << "spare columns not a multiple of 8";
+  EXPECT_EQ(engine::SwiGluGemmRuns(), runs_before);
+  const torch::Tensor gate_up = engine::GateUpWithSwiGlu(x, w, 8, &h);
+  EXPECT_EQ(gate_up.defined(), Expected(4224, 4096, 1024));
+  EXPECT_EQ(engine::SwiGluGemmRuns() - runs_before, Expected(4224, 4096, 1024) ? 1 : 0);
+  if (gate_up.defined()) {
+    // Against cuBLAS and the SwiGLU pass directly.
+    const torch::Tensor reference = torch::mm(x, w.t());
+    EXPECT_LE(RelativeError(gate_up, reference), 1e-2);
+    EXPECT_LE(RelativeError(h, engine::PlainSwiGlu(reference.narrow(1, 0, 2048), reference.narrow(1, 2048, 2048))),
+              2e-2);
+  }
+  engine::SetSwiGluGemm(false);
+  torch::Tensor h_off;
+  EXPECT_FALSE(engine::GateUpWithSwiGlu(x, w, 8, &h_off).defined()) << "switched off";
+  EXPECT_FALSE(h_off.defined());
+}
+
+}  // namespace
+}  // namespace trainerd
