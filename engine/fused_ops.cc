@@ -250,6 +250,31 @@ struct MadeOutput {
   torch::Tensor h;
 };
 
+// SwiGLU's backward by the kernel: dout, g, u (rows, cols) as Rows() makes
+// them, g and u with one row stride. When gate and up are the halves of one
+// gate|up product, so are their gradients: the group that made them takes
+// them as one matrix.
+std::pair<torch::Tensor, torch::Tensor> KernelSwiGluGradients(const torch::Tensor& dout, const torch::Tensor& g,
+                                                              const torch::Tensor& u) {
+  const c10::cuda::CUDAGuard guard(g.device());
+  const int64_t rows = g.size(0), cols = g.size(1), in_stride = RowStride(g);
+  const bool halves = in_stride == 2 * cols &&
+                      static_cast<char*>(u.data_ptr()) == static_cast<char*>(g.data_ptr()) + cols * g.element_size();
+  torch::Tensor dgate, dup;
+  if (halves) {
+    const torch::Tensor both = torch::empty({rows, 2 * cols}, g.options());
+    dgate = both.narrow(1, 0, cols);
+    dup = both.narrow(1, cols, cols);
+  } else {
+    dgate = torch::empty({rows, cols}, g.options());
+    dup = torch::empty({rows, cols}, g.options());
+  }
+  Check(kernels::SwiGluBackward(dout.data_ptr(), RowStride(dout), g.data_ptr(), u.data_ptr(), in_stride,
+                                dgate.data_ptr(), dup.data_ptr(), halves ? 2 * cols : cols, rows, cols, DTypeOf(g),
+                                StreamOf(g)));
+  return {dgate, dup};
+}
+
 class SwiGluFunction : public torch::autograd::Function<SwiGluFunction> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& gate, const torch::Tensor& up,
@@ -273,27 +298,7 @@ class SwiGluFunction : public torch::autograd::Function<SwiGluFunction> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const variable_list saved = ctx->get_saved_variables();
-    const torch::Tensor& g = saved[0];
-    const torch::Tensor& u = saved[1];
-    const c10::cuda::CUDAGuard guard(g.device());
-    const int64_t rows = g.size(0), cols = g.size(1), in_stride = RowStride(g);
-    const torch::Tensor dout = Rows(grads[0]);
-    // When gate and up are the halves of one gate|up product, so are their
-    // gradients: the group that made them takes them as one matrix.
-    const bool halves = in_stride == 2 * cols &&
-                        static_cast<char*>(u.data_ptr()) == static_cast<char*>(g.data_ptr()) + cols * g.element_size();
-    torch::Tensor dgate, dup;
-    if (halves) {
-      const torch::Tensor both = torch::empty({rows, 2 * cols}, g.options());
-      dgate = both.narrow(1, 0, cols);
-      dup = both.narrow(1, cols, cols);
-    } else {
-      dgate = torch::empty({rows, cols}, g.options());
-      dup = torch::empty({rows, cols}, g.options());
-    }
-    Check(kernels::SwiGluBackward(dout.data_ptr(), RowStride(dout), g.data_ptr(), u.data_ptr(), in_stride,
-                                  dgate.data_ptr(), dup.data_ptr(), halves ? 2 * cols : cols, rows, cols, DTypeOf(g),
-                                  StreamOf(g)));
+    auto [dgate, dup] = KernelSwiGluGradients(Rows(grads[0]), saved[0], saved[1]);
     return {dgate.view(grads[0].sizes()), dup.view(grads[0].sizes()), torch::Tensor(), torch::Tensor()};
   }
 };
@@ -473,6 +478,27 @@ torch::Tensor FusedSwiGlu(const torch::Tensor& gate, const torch::Tensor& up, in
   }
 #endif
   return PlainSwiGlu(gate, up);
+}
+
+std::pair<torch::Tensor, torch::Tensor> SwiGluGradients(const torch::Tensor& dout, const torch::Tensor& gate,
+                                                        const torch::Tensor& up) {
+#ifdef TRAINERD_WITH_CUDA_KERNELS
+  if (KernelTensor(gate) && up.sizes() == gate.sizes() && dout.sizes() == gate.sizes() &&
+      up.scalar_type() == gate.scalar_type() && dout.scalar_type() == gate.scalar_type() &&
+      up.device() == gate.device() && dout.device() == gate.device()) {
+    torch::Tensor g = Rows(gate), u = Rows(up);
+    if (RowStride(g) != RowStride(u)) {
+      g = g.contiguous();
+      u = u.contiguous();
+    }
+    auto [dgate, dup] = KernelSwiGluGradients(Rows(dout), g, u);
+    return {dgate.view(gate.sizes()), dup.view(gate.sizes())};
+  }
+#endif
+  // The kernel's formula in float32, each result rounded once to the dtype.
+  const torch::Tensor d = dout.to(torch::kFloat32), g = gate.to(torch::kFloat32), u = up.to(torch::kFloat32);
+  const torch::Tensor s = torch::sigmoid(g);
+  return {(d * u * s * (1 + g * (1 - s))).to(gate.scalar_type()), (d * g * s).to(gate.scalar_type())};
 }
 
 torch::Tensor FusedRope(const torch::Tensor& x, const torch::Tensor& position_ids, const torch::Tensor& inv_freq) {

@@ -74,6 +74,13 @@ std::pair<torch::Tensor, torch::Tensor> FusedAddRmsNorm(const torch::Tensor& res
 torch::Tensor FusedSwiGlu(const torch::Tensor& gate, const torch::Tensor& up, int64_t spare_columns = 0,
                           const torch::Tensor& made = {});
 torch::Tensor PlainSwiGlu(const torch::Tensor& gate, const torch::Tensor& up);
+// SwiGLU's gradients from the output gradient dout, without autograd:
+// {dgate, dup} = {dout * up * silu'(gate), dout * silu(gate)}, each of gate's
+// shape and dtype (the halves of one buffer where gate and up are: see
+// FusedSwiGlu). The kernel on CUDA, its formula in float32 elsewhere. For a
+// node that takes SwiGLU's backward into its own (down's, engine/linear_group.h).
+std::pair<torch::Tensor, torch::Tensor> SwiGluGradients(const torch::Tensor& dout, const torch::Tensor& gate,
+                                                        const torch::Tensor& up);
 
 // Rotary embedding, rotate_half convention: x * cos + rotate_half(x) * sin,
 // with cos/sin = cos/sin(float(position) * inv_freq) in float32, rounded to

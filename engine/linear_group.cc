@@ -115,7 +115,8 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
   static tensor_list forward(AutogradContext* ctx, const torch::Tensor& x, at::TensorList lora,
                              const LinearGroup& group, const std::vector<double>& scaling,
                              const InputRecipe& recipe, const DropoutMasks& dropout,
-                             const std::vector<double>& dropout_p, SwiGluOutput* swiglu) {
+                             const std::vector<double>& dropout_p, SwiGluOutput* swiglu,
+                             at::TensorList swiglu_inputs) {
     const int64_t n = x.size(0), in = group.in, cols = group.cols;
     const int64_t rank = Sum(group.ranks);
     bool any_dropout = false;
@@ -213,7 +214,10 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
                       rank > 0 && in_place ? (keep_x ? t.detach() : t.clone()) : t,
                       a_cat, norm_input, norm_rstd, norm_weight, gate, up};
     for (const auto& t : lora) saved.push_back(t);
+    // SwiGLU's inputs, whose gradients the backward returns (SwiGluInput).
+    for (const auto& t : swiglu_inputs) saved.push_back(t);
     ctx->save_for_backward(saved);
+    ctx->saved_data["swiglu_backward"] = !swiglu_inputs.empty();
     // The widened matrix is rewritten by every forward (its B columns): kept
     // out of save_for_backward's version check; B does not change between a
     // forward and its backward (the optimizer steps after the backward).
@@ -238,7 +242,12 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
     const torch::Tensor& t = saved[1];  // (N, rank): x A^T
     const torch::Tensor& a_cat = saved[2];
     const at::ArrayRef<torch::Tensor> recipe = at::ArrayRef<torch::Tensor>(saved).slice(3, 5);
-    const at::ArrayRef<torch::Tensor> lora = at::ArrayRef<torch::Tensor>(saved).slice(8);
+    // SwiGLU's backward in this node: x = silu(gate) * up (SwiGluInput).
+    const bool swiglu_backward = ctx->saved_data["swiglu_backward"].toBool();
+    const size_t lora_count = saved.size() - 8 - (swiglu_backward ? 2 : 0);
+    const at::ArrayRef<torch::Tensor> lora = at::ArrayRef<torch::Tensor>(saved).slice(8, lora_count);
+    const torch::Tensor swiglu_gate = swiglu_backward ? saved[8 + lora_count] : torch::Tensor();
+    const torch::Tensor swiglu_up = swiglu_backward ? saved[9 + lora_count] : torch::Tensor();
     const torch::Tensor widened = ctx->saved_data["widened"].toTensor();
     const int64_t n = ctx->saved_data["n"].toInt();
     const int64_t in = ctx->saved_data["in"].toInt();
@@ -246,7 +255,7 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
     const auto ranks = ctx->saved_data["ranks"].toIntVector();
     const auto scaling = ctx->saved_data["scaling"].toDoubleVector();
     const int64_t rank = Sum(ranks);
-    const bool need_x = ctx->needs_input_grad(0);
+    const bool need_x = ctx->needs_input_grad(0) || swiglu_backward;  // SwiGLU's backward starts from dh
     // The members' dropout masks (none: inactive), from the forward's draw.
     std::vector<LoraDropoutMask> masks(outs.size());
     DropoutDraw draw;
@@ -265,6 +274,7 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
     const int64_t out_total = Sum(outs);
     const torch::Tensor top = widened.narrow(0, 0, out_total);  // [W | sB | 0]
     torch::Tensor grad_x, u;  // u = s g B (N, rank), every LoRA member's columns
+    torch::Tensor swiglu_grads;  // [dgate | dup] (N, 2 in) where down's GEMM made them
     // Input wider than the output (down): [g | u | 0] [W ; A ; 0] = g W + u A,
     // so that no pass over the wide input gradient follows. With dropout the
     // members' terms u_i A_i are added one by one after g W (below).
@@ -290,7 +300,12 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
         u = g_ext.narrow(1, out_total, rank);
         at::mm_out(u, g, sb);
         if (a_rows > rank) g_ext.narrow(1, out_total + rank, a_rows - rank).zero_();
-        grad_x = torch::mm(g_ext, widened.narrow(1, 0, in));
+        // SwiGLU's backward in this GEMM's epilogue where the GEMM of our own
+        // takes it: [dgate | dup] instead of dh.
+        if (swiglu_backward) {
+          swiglu_grads = DownInputGradientWithSwiGlu(g_ext, widened.narrow(1, 0, in), swiglu_gate, swiglu_up);
+        }
+        if (!swiglu_grads.defined()) grad_x = torch::mm(g_ext, widened.narrow(1, 0, in));
       } else {
         u = torch::mm(g, sb);
         grad_x = torch::mm(ConcatPadded(g, u, widened.size(0)), widened.narrow(1, 0, in));
@@ -314,6 +329,17 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
     if (rank > 0) {
       grad_a = any_dropout ? DroppedLoraGradients(u, x, recipe, a_cat, ranks, masks, need_x ? &grad_x : nullptr)
                            : LoraInputProduct(u, x, recipe);
+    }
+    // SwiGLU's backward: gate's and up's gradients in place of x's.
+    torch::Tensor grad_gate, grad_up;
+    if (swiglu_backward) {
+      if (swiglu_grads.defined()) {
+        grad_gate = swiglu_grads.narrow(1, 0, in);
+        grad_up = swiglu_grads.narrow(1, in, in);
+      } else {
+        std::tie(grad_gate, grad_up) = SwiGluGradients(grad_x, swiglu_gate, swiglu_up);
+      }
+      grad_x = torch::Tensor();
     }
     tensor_list result{grad_x};
     if (rank > 0) {
@@ -368,6 +394,10 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
     result.push_back(torch::Tensor());  // dropout
     result.push_back(torch::Tensor());  // dropout_p
     result.push_back(torch::Tensor());  // swiglu
+    if (swiglu_backward) {
+      result.push_back(grad_gate);
+      result.push_back(grad_up);
+    }
     return result;
   }
 
@@ -540,11 +570,14 @@ void Widen(LinearGroup& group, const std::vector<Linear*>& members) {
 
 std::vector<torch::Tensor> ForwardGroup(const LinearGroup& group, const std::vector<const Linear*>& members,
                                         const torch::Tensor& x, const InputRecipe& recipe,
-                                        const DropoutMasks& dropout, SwiGluOutput* swiglu) {
+                                        const DropoutMasks& dropout, SwiGluOutput* swiglu,
+                                        const SwiGluInput* swiglu_input) {
   std::vector<torch::Tensor> outputs;
   if (!WidenedLayoutFits(group, members)) {
+    // SwiGLU's backward through its own node here: x made again with autograd.
+    const torch::Tensor input = swiglu_input != nullptr ? FusedSwiGlu(swiglu_input->gate, swiglu_input->up) : x;
     for (size_t i = 0; i < members.size(); ++i) {
-      outputs.push_back(members[i]->Forward(x, {dropout.draw, dropout.first + static_cast<int64_t>(i)}));
+      outputs.push_back(members[i]->Forward(input, {dropout.draw, dropout.first + static_cast<int64_t>(i)}));
     }
     return outputs;
   }
@@ -554,8 +587,14 @@ std::vector<torch::Tensor> ForwardGroup(const LinearGroup& group, const std::vec
   std::vector<torch::Tensor> lora;
   std::vector<double> scaling, dropout_p;
   LoraOf(members, &lora, &scaling, &dropout_p);
-  tensor_list ys =
-      WidenedGroupFunction::apply(x2, at::TensorList(lora), group, scaling, recipe, dropout, dropout_p, swiglu);
+  std::vector<torch::Tensor> swiglu_inputs;  // (N, f) each
+  if (swiglu_input != nullptr) {
+    swiglu_inputs = {swiglu_input->gate.reshape({-1, x.size(-1)}), swiglu_input->up.reshape({-1, x.size(-1)})};
+  }
+  // With SwiGLU's inputs the node differentiates those, never x.
+  tensor_list ys = WidenedGroupFunction::apply(swiglu_input != nullptr ? x2.detach() : x2, at::TensorList(lora), group,
+                                               scaling, recipe, dropout, dropout_p, swiglu,
+                                               at::TensorList(swiglu_inputs));
   for (size_t i = 0; i < members.size(); ++i) {
     std::vector<int64_t> shape = x.sizes().vec();
     shape.back() = group.outs[i];

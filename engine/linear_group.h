@@ -148,19 +148,33 @@ struct SwiGluOutput {
   torch::Tensor h;
 };
 
+// SwiGLU's backward taken into down's node (engine/swiglu_gemm.h): x is h =
+// silu(gate) * up, made outside autograd, and gate and up (the gate|up
+// group's outputs) are the node's differentiable inputs in its place: its
+// backward returns their gradients, from its input gradient dh (in the
+// GEMM's epilogue where the GEMM of our own takes it, else by
+// SwiGluGradients), and none for x. A node that runs its members one by one
+// makes x again with autograd from gate and up instead.
+struct SwiGluInput {
+  torch::Tensor gate, up;
+};
+
 // Each member applied to x (..., in): their outputs (..., out_i) in order, as
 // Linear::Forward gives them. On the widened node the outputs are column views
 // of one (N, sum out_i) product (row stride sum out_i); `recipe` says how x was
 // made, if the node may keep that instead of x (ignored elsewhere). `dropout`:
 // the pass's draw (training) and member 0's mask number; member i's LoRA
 // dropout takes mask dropout.first + i. swiglu: SwiGLU's output asked too.
+// swiglu_input: x is SwiGLU's output of these, whose backward the node takes.
 std::vector<torch::Tensor> ForwardGroup(const LinearGroup& group, const std::vector<const Linear*>& members,
                                         const torch::Tensor& x, const InputRecipe& recipe = {},
-                                        const DropoutMasks& dropout = {}, SwiGluOutput* swiglu = nullptr);
+                                        const DropoutMasks& dropout = {}, SwiGluOutput* swiglu = nullptr,
+                                        const SwiGluInput* swiglu_input = nullptr);
 inline std::vector<torch::Tensor> ForwardGroup(const GroupMembers& group, const torch::Tensor& x,
                                                const InputRecipe& recipe = {}, const DropoutMasks& dropout = {},
-                                               SwiGluOutput* swiglu = nullptr) {
-  return ForwardGroup(*group.group, group.members, x, recipe, dropout, swiglu);
+                                               SwiGluOutput* swiglu = nullptr,
+                                               const SwiGluInput* swiglu_input = nullptr) {
+  return ForwardGroup(*group.group, group.members, x, recipe, dropout, swiglu, swiglu_input);
 }
 
 }  // namespace trainerd::engine

@@ -14,6 +14,7 @@
 
 #include "engine/activation_checkpoint.h"
 #include "engine/fused_ops.h"
+#include "engine/swiglu_gemm.h"
 
 namespace trainerd::engine {
 
@@ -336,7 +337,6 @@ LlamaModel::Residual LlamaModel::LayerForward(size_t index, const Residual& h, c
   SwiGluOutput made{layer.down.spare_columns(), {}};
   const std::vector<torch::Tensor> gate_up =
       ForwardGroup(layer.GateUpGroup(), x, normed, {masks.draw, masks.first + DecoderLayer::kGateUpFirst}, &made);
-  const torch::Tensor act = FusedSwiGlu(gate_up[0], gate_up[1], layer.down.spare_columns(), made.h);
   // With checkpointing on (memory first), a layer that keeps its activations
   // does not keep the SwiGLU output either: down makes it again in its
   // backward, one elementwise pass. Recomputed layers need no such saving.
@@ -345,7 +345,20 @@ LlamaModel::Residual LlamaModel::LayerForward(size_t index, const Residual& h, c
     activated.gate = gate_up[0];
     activated.up = gate_up[1];
   }
-  return {r, ForwardGroup(layer.DownGroup(), act, activated, {masks.draw, masks.first + DecoderLayer::kDownFirst})[0]};
+  const DropoutMasks down_masks{masks.draw, masks.first + DecoderLayer::kDownFirst};
+  if (SwiGluGemmLevel() >= 2) {
+    // SwiGLU's backward in down's node (its input gradient's GEMM, where the
+    // GEMM of our own takes it): h made outside autograd.
+    torch::Tensor act;
+    {
+      const torch::NoGradGuard no_grad;
+      act = FusedSwiGlu(gate_up[0], gate_up[1], layer.down.spare_columns(), made.h);
+    }
+    const SwiGluInput swiglu{gate_up[0], gate_up[1]};
+    return {r, ForwardGroup(layer.DownGroup(), act, activated, down_masks, nullptr, &swiglu)[0]};
+  }
+  const torch::Tensor act = FusedSwiGlu(gate_up[0], gate_up[1], layer.down.spare_columns(), made.h);
+  return {r, ForwardGroup(layer.DownGroup(), act, activated, down_masks)[0]};
 }
 
 void LlamaModel::WidenLinearGroups() {

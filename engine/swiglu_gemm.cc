@@ -18,12 +18,14 @@ namespace {
 
 std::atomic<int64_t> runs{0};
 
-std::atomic<bool>& Setting() {
-  static std::atomic<bool> on{[] {
+std::atomic<int>& Setting() {
+  static std::atomic<int> level{[] {
     const char* v = std::getenv("TRAINERD_HOPPER_GEMM");
-    return v != nullptr && std::strcmp(v, "1") == 0;
+    if (v == nullptr) return 0;
+    if (std::strcmp(v, "2") == 0) return 2;
+    return std::strcmp(v, "1") == 0 ? 1 : 0;
   }()};
-  return on;
+  return level;
 }
 
 #ifdef TRAINERD_WITH_HOPPER_GEMM
@@ -32,17 +34,54 @@ bool Bf16Rows(const torch::Tensor& t) {
          t.stride(0) % 8 == 0 && t.stride(0) >= t.size(1) && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
 }
 
-// The header's conditions on the device and the shapes (the setting aside).
+// A Hopper GPU, and an (m x k) (k x n) product worth a launch: k at least
+// 256 and a 128 x 256 tile for each SM.
+bool Suits(const torch::Device& where, int64_t m, int64_t n, int64_t k) {
+  const cudaDeviceProp* device = at::cuda::getDeviceProperties(where.index());
+  const int64_t tiles = ((m + 127) / 128) * ((n + 255) / 256);
+  return device->major == 9 && device->minor == 0 && k >= 256 && tiles >= device->multiProcessorCount;
+}
+
+// The forward's conditions on the operands (the setting aside).
 bool Takes(const torch::Tensor& x, const torch::Tensor& w, int64_t h_spare_columns) {
   if (!Bf16Rows(x) || !Bf16Rows(w) || x.device() != w.device() || w.size(1) != x.size(1) || w.size(0) % 16 != 0 ||
       h_spare_columns < 0 || h_spare_columns % 8 != 0) {
     return false;
   }
-  const cudaDeviceProp* device = at::cuda::getDeviceProperties(x.device().index());
-  if (device->major != 9 || device->minor != 0) return false;
-  const int64_t m = x.size(0), n = w.size(0), k = x.size(1);
-  const int64_t tiles = ((m + 127) / 128) * ((n + 255) / 256);
-  return k >= 256 && tiles >= device->multiProcessorCount;
+  return Suits(x.device(), x.size(0), w.size(0), x.size(1));
+}
+
+// The backward's: x (N, k), w (k, f), gate and up the halves of one buffer.
+bool TakesBackward(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& gate,
+                   const torch::Tensor& up) {
+  if (!kernels::HopperGemmHas(kernels::HopperEpilogue::kSwiGluBackward) || !Bf16Rows(x) || !Bf16Rows(w) ||
+      !Bf16Rows(gate) || !Bf16Rows(up) || x.device() != w.device() || gate.device() != x.device() ||
+      up.device() != x.device() || x.size(1) != w.size(0)) {
+    return false;
+  }
+  const int64_t n = x.size(0), f = w.size(1);
+  const bool halves = up.stride(0) == gate.stride(0) && gate.stride(0) >= 2 * f &&
+                      static_cast<char*>(up.data_ptr()) == static_cast<char*>(gate.data_ptr()) + f * 2;
+  return halves && f % 8 == 0 && gate.size(0) == n && gate.size(1) == f && up.sizes() == gate.sizes() &&
+         Suits(x.device(), n, f, x.size(1));
+}
+
+// D = out (m, n) from x (m, k) and w ((n, k), or (k, n) transposed), on x's
+// device and current stream; counted in the runs.
+void Launch(kernels::HopperGemmOperands o, kernels::HopperEpilogue epilogue, const torch::Tensor& x,
+            const torch::Tensor& w, bool w_transposed, const torch::Tensor& out) {
+  o.x = x.data_ptr();
+  o.x_stride = x.stride(0);
+  o.w = w.data_ptr();
+  o.w_stride = w.stride(0);
+  o.w_transposed = w_transposed;
+  o.d = out.data_ptr();
+  o.d_stride = out.stride(0);
+  o.m = x.size(0);
+  o.k = x.size(1);
+  const std::string error = kernels::HopperGemm(o, epilogue, c10::cuda::getCurrentCUDAStream().stream());
+  TORCH_CHECK(error.empty(), error);
+  runs.fetch_add(1, std::memory_order_relaxed);
 }
 #endif
 
@@ -51,28 +90,17 @@ bool Takes(const torch::Tensor& x, const torch::Tensor& w, int64_t h_spare_colum
 torch::Tensor GateUpWithSwiGlu(const torch::Tensor& x, const torch::Tensor& w, int64_t h_spare_columns,
                                torch::Tensor* h) {
 #ifdef TRAINERD_WITH_HOPPER_GEMM
-  if (!Setting().load(std::memory_order_relaxed) || !Takes(x, w, h_spare_columns)) return {};
+  if (Setting().load(std::memory_order_relaxed) < 1 || !Takes(x, w, h_spare_columns)) return {};
   const c10::cuda::CUDAGuard guard(x.device());
   const int64_t m = x.size(0), f = w.size(0) / 2;
   torch::Tensor rows = torch::empty({m, f + h_spare_columns}, x.options());
   torch::Tensor made = rows.narrow(1, 0, f);
   torch::Tensor out = torch::empty({m, 2 * f}, x.options());
   kernels::HopperGemmOperands o;
-  o.x = x.data_ptr();
-  o.x_stride = x.stride(0);
-  o.w = w.data_ptr();
-  o.w_stride = w.stride(0);
-  o.d = out.data_ptr();
-  o.d_stride = out.stride(0);
   o.h = made.data_ptr();
   o.h_stride = made.stride(0);
-  o.m = m;
   o.n = 2 * f;
-  o.k = x.size(1);
-  const std::string error =
-      kernels::HopperGemm(o, kernels::HopperEpilogue::kSwiGlu, c10::cuda::getCurrentCUDAStream().stream());
-  TORCH_CHECK(error.empty(), error);
-  runs.fetch_add(1, std::memory_order_relaxed);
+  Launch(o, kernels::HopperEpilogue::kSwiGlu, x, w, /*w_transposed=*/false, out);
   *h = made;
   return out;
 #else
@@ -84,7 +112,31 @@ torch::Tensor GateUpWithSwiGlu(const torch::Tensor& x, const torch::Tensor& w, i
 #endif
 }
 
-void SetSwiGluGemm(bool on) { Setting().store(on); }
+torch::Tensor DownInputGradientWithSwiGlu(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& gate,
+                                          const torch::Tensor& up) {
+#ifdef TRAINERD_WITH_HOPPER_GEMM
+  if (Setting().load(std::memory_order_relaxed) < 2 || !TakesBackward(x, w, gate, up)) return {};
+  const c10::cuda::CUDAGuard guard(x.device());
+  const int64_t n = x.size(0), f = w.size(1);
+  torch::Tensor out = torch::empty({n, 2 * f}, x.options());
+  kernels::HopperGemmOperands o;
+  o.gate_up = gate.data_ptr();
+  o.gate_up_stride = gate.stride(0);
+  o.n = f;
+  Launch(o, kernels::HopperEpilogue::kSwiGluBackward, x, w, /*w_transposed=*/true, out);
+  return out;
+#else
+  (void)x;
+  (void)w;
+  (void)gate;
+  (void)up;
+  return {};
+#endif
+}
+
+void SetSwiGluGemm(int level) { Setting().store(level); }
+
+int SwiGluGemmLevel() { return Setting().load(std::memory_order_relaxed); }
 
 int64_t SwiGluGemmRuns() { return runs.load(); }
 

@@ -1,11 +1,14 @@
-// gate|up's forward product with SwiGLU in the same GEMM: on a Hopper GPU the
-// GEMM of our own (engine/kernels/hopper_gemm.h) writes [gate | up] (kept for
-// the backward) and h = silu(gate) * up from its epilogue, which runs under
-// the next tile's main loop, so the SwiGLU pass (reading the (N, 2f) product
-// back) goes. At the 8b row's shape that costs 0.10 J and 0.19 ms a layer less
+// SwiGLU inside the MLP's GEMMs. Forward: on a Hopper GPU the GEMM of our own
+// (engine/kernels/hopper_gemm.h) writes gate|up's product [gate | up] (kept
+// for the backward) and h = silu(gate) * up from its epilogue, which runs
+// under the next tile's main loop, so the SwiGLU pass (reading the (N, 2f)
+// product back) goes: at the 8b row's shape 0.10 J and 0.19 ms a layer less
 // than cuBLAS and the pass (bench/speed/NOTES.md, "The epilogue under the main
-// loop"). Everywhere else, and until switched on, the caller's cuBLAS product
-// and SwiGLU kernel run as before.
+// loop"). Backward: down's input gradient dh = [g | u] [W ; A] with SwiGLU's
+// backward in the epilogue, writing [dgate | dup] from gate|up instead of dh
+// (down's node takes SwiGLU's backward into its own, engine/linear_group.h's
+// SwiGluInput). Everywhere else, and until switched on, cuBLAS's products
+// and the SwiGLU kernel run as before.
 #pragma once
 
 #include <cstdint>
@@ -18,7 +21,7 @@ namespace trainerd::engine {
 // (m, 2f) and sets *h to silu(gate) * up (m, f), the left columns of rows
 // f + h_spare_columns wide (room for the down group's widened input), where
 // the GEMM of our own takes the product; else returns an undefined tensor and
-// leaves *h alone. It takes it when the setting (below) is on and: CUDA on a
+// leaves *h alone. It takes it at level 1 or 2 (below) when: CUDA on a
 // Hopper GPU (compute capability 9.0); x and w bf16, 2-D, unit column stride,
 // row strides multiples of 8 elements, data 16-byte aligned; 2f a multiple of
 // 16, h_spare_columns of 8; k at least 256 and at least one tile of 128 x 256
@@ -29,12 +32,30 @@ namespace trainerd::engine {
 torch::Tensor GateUpWithSwiGlu(const torch::Tensor& x, const torch::Tensor& w, int64_t h_spare_columns,
                                torch::Tensor* h);
 
-// Whether GateUpWithSwiGlu may take products: from the environment's
-// TRAINERD_HOPPER_GEMM ("1" on; read once, off when unset) or SetSwiGluGemm.
-// Off by default until the training step is measured faster with it.
-void SetSwiGluGemm(bool on);
+// The input gradient of down's widened product with SwiGLU's backward in its
+// GEMM: for x = [g | u | 0] (N, k) and w = [W ; A ; 0] (k, f), the group's
+// widened rows as stored (k at least 256), and gate, up (N, f) the forward's
+// halves of one [gate | up] buffer (up's data f elements after gate's, one
+// row stride): returns [dgate | dup] (N, 2f), dgate = dh * up * silu'(gate),
+// dup = dh * silu(gate) for dh = x w (rounded to bf16 first, as the SwiGLU
+// kernel would read it), where the GEMM of our own takes it (level 2,
+// bf16 on a Hopper GPU, strides and alignment as for GateUpWithSwiGlu, f a
+// multiple of 8, a tile for each SM); else an undefined tensor.
+torch::Tensor DownInputGradientWithSwiGlu(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& gate,
+                                          const torch::Tensor& up);
 
-// Products the GEMM of our own has run in this process (tests count them).
+// How far SwiGLU goes into the MLP's GEMMs: 0 not at all; 1 its forward
+// (GateUpWithSwiGlu); 2 its backward too: the model makes h outside autograd
+// and hands SwiGLU's backward to down's node on every device, and
+// DownInputGradientWithSwiGlu takes products. Each GEMM takes its products
+// only where it can (above). From the environment's TRAINERD_HOPPER_GEMM
+// ("1" or "2"; read once, 0 when unset or other) or SetSwiGluGemm. 0 by
+// default until the training step is measured faster.
+void SetSwiGluGemm(int level);
+int SwiGluGemmLevel();
+
+// Products the GEMM of our own has run in this process, both kinds (tests
+// count them).
 int64_t SwiGluGemmRuns();
 
 }  // namespace trainerd::engine

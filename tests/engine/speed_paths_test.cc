@@ -6,6 +6,7 @@
 #include <cmath>
 #include <map>
 #include <mutex>
+#include <set>
 
 #include "engine/activation_checkpoint.h"
 #include "engine/batch.h"
@@ -20,6 +21,7 @@
 #include "engine/micro_batch_probe.h"
 #include "engine/model_config.h"
 #include "engine/step_readback.h"
+#include "engine/swiglu_gemm.h"
 #include "engine/tensor_io.h"
 #include "tests/engine/test_support.h"
 #include "tests/engine/wide_rows.h"
@@ -143,6 +145,62 @@ TEST(ActivationCheckpointing, SameLossAndGradientsWithDropout) {
   // The masks applied: dropout changed the loss (LoRA B is random here) by
   // more than rounding moves it (measured: 1.7% in bfloat16 on CUDA).
   EXPECT_GT(std::abs(plain_loss[0.3] - plain_loss[0.0]), 0.005 * std::abs(plain_loss[0.0]));
+}
+
+// SwiGLU's backward taken into down's node (engine/swiglu_gemm.h, level 2):
+// the loss and adapter gradients of SwiGLU's own node, with LoRA dropout
+// (down's dropout terms go into dh before SwiGLU's backward) and with every
+// layer or only the first recomputed (the kept layers' down makes h again
+// from gate and up). On the CPU and at the fixture's sizes the GEMM of our
+// own takes nothing: this is the graph's plumbing and SwiGluGradients.
+// Nodes of loss's autograd graph whose name holds SiLU's or SwiGLU's (the
+// CPU's SiluBackward, the kernel's SwiGluFunction node).
+int SwiGluNodes(const torch::Tensor& loss) {
+  std::vector<torch::autograd::Node*> todo{loss.grad_fn().get()};
+  std::set<torch::autograd::Node*> seen;
+  int found = 0;
+  while (!todo.empty()) {
+    torch::autograd::Node* node = todo.back();
+    todo.pop_back();
+    if (node == nullptr || !seen.insert(node).second) continue;
+    const std::string name = node->name();
+    if (name.find("Silu") != std::string::npos || name.find("SwiGlu") != std::string::npos) ++found;
+    for (const auto& edge : node->next_edges()) todo.push_back(edge.function.get());
+  }
+  return found;
+}
+
+TEST(SwiGluInDown, SameLossAndGradientsAsSwiGlusOwnNode) {
+  for (auto [dropout, layers] : {std::pair<double, int64_t>{0.0, -1}, {0.0, 0}, {0.0, 1}, {0.3, -1}, {0.3, 1}}) {
+    SCOPED_TRACE("dropout " + std::to_string(dropout) + ", checkpointed layers " + std::to_string(layers) +
+                 " (-1: none, 0: all)");
+    auto model = FixtureModel(dropout);
+    model->set_training(true);
+    if (layers >= 0) model->set_gradient_checkpointing(true, layers);
+    std::vector<engine::TokenExample> storage;
+    engine::Batch batch = RandomBatch(*model, storage);
+    auto run = [&](bool in_down) {
+      engine::SetSwiGluGemm(in_down ? 2 : 0);
+      ZeroGradients(*model);
+      torch::manual_seed(21);
+      torch::Tensor loss = engine::CausalLmLossSum(*model, batch);
+      // SwiGLU's node leaves the graph with the switch (recomputed layers'
+      // graphs are the checkpoint's own, out of sight).
+      if (layers < 0) {
+        EXPECT_EQ(SwiGluNodes(loss) > 0, !in_down) << "switched " << (in_down ? "on" : "off");
+      }
+      loss.backward();
+      engine::SetSwiGluGemm(0);
+      return std::make_pair(loss.detach(), Gradients(*model));
+    };
+    const auto [own_loss, own_grads] = run(false);
+    const auto [down_loss, down_grads] = run(true);
+    EXPECT_LE(RelativeError(down_loss, own_loss), TestTolerances().loss);
+    ASSERT_EQ(down_grads.size(), own_grads.size());
+    for (size_t i = 0; i < own_grads.size(); ++i) {
+      EXPECT_LE(RelativeError(down_grads[i], own_grads[i]), TestTolerances().loss * 10) << "tensor " << i;
+    }
+  }
 }
 
 // Identity whose backward hands on its output gradient as the left part of

@@ -1,9 +1,12 @@
-// engine/swiglu_gemm.h: SwiGLU in gate|up's GEMM. The group's GEMM makes h =
-// silu(gate) * up in rows with the down group's spare columns, FusedSwiGlu
-// given it returns it as its node's output, and the outputs, loss and
-// gradients are SwiGLU's own pass's; the GEMM of our own takes exactly the
-// products it should: bf16 on a Hopper GPU, shapes that fill the SMs, the
-// setting on; none in float32, none on the CPU, none switched off.
+// engine/swiglu_gemm.h: SwiGLU in the MLP's GEMMs. Forward: the gate|up
+// group's GEMM makes h = silu(gate) * up in rows with the down group's spare
+// columns, FusedSwiGlu given it returns it as its node's output, and the
+// outputs, loss and gradients are SwiGLU's own pass's. Backward: down's
+// input-gradient GEMM gives SwiGLU's gradients. The GEMM of our own takes
+// exactly the products it should: bf16 on a Hopper GPU, shapes that fill the
+// SMs, the setting on; none in float32, none on the CPU, none switched off.
+// (The model with SwiGLU's backward in down's node: speed_paths_test's
+// SwiGluInDown.)
 // Its results against cuBLAS and the SwiGLU kernel are the point on the GPU
 // (TRAINERD_TEST_DEVICE=cuda TRAINERD_TEST_DTYPE=bfloat16 on an H100/H200); on
 // the CPU (CI) the fall-back's plumbing is what runs.
@@ -79,7 +82,7 @@ struct GateUp {
   // weighing h's columns differently: {h, dp, dA_gate, dB_gate, dA_up,
   // dB_up}. *made: whether the GEMM made h.
   std::vector<torch::Tensor> Run(const torch::Tensor& p, int64_t spare, bool on, bool* made) {
-    engine::SetSwiGluGemm(on);
+    engine::SetSwiGluGemm(on ? 1 : 0);
     for (auto& l : layers) {
       l.lora->a.mutable_grad() = torch::Tensor();
       l.lora->b.mutable_grad() = torch::Tensor();
@@ -106,7 +109,7 @@ struct GateUp {
       results.push_back(l.lora->a.grad().clone());
       results.push_back(l.lora->b.grad().clone());
     }
-    engine::SetSwiGluGemm(false);
+    engine::SetSwiGluGemm(0);
     return results;
   }
 };
@@ -148,7 +151,7 @@ TEST(SwiGluGemm, SameAsSwiGlusOwnPass) {
 // and h rows whose spare columns break TMA's 16-byte rows.
 TEST(SwiGluGemm, DeclinesWhatItShould) {
   const auto opts = torch::TensorOptions().dtype(TorchTestDtype()).device(TorchTestDevice());
-  engine::SetSwiGluGemm(true);
+  engine::SetSwiGluGemm(1);
   const int64_t runs_before = engine::SwiGluGemmRuns();
   torch::Tensor h;
   const torch::Tensor small_x = torch::randn({256, 512}, opts), small_w = torch::randn({1024, 512}, opts);
@@ -167,10 +170,44 @@ TEST(SwiGluGemm, DeclinesWhatItShould) {
     EXPECT_LE(RelativeError(h, engine::PlainSwiGlu(reference.narrow(1, 0, 2048), reference.narrow(1, 2048, 2048))),
               2e-2);
   }
-  engine::SetSwiGluGemm(false);
+  engine::SetSwiGluGemm(0);
   torch::Tensor h_off;
   EXPECT_FALSE(engine::GateUpWithSwiGlu(x, w, 8, &h_off).defined()) << "switched off";
   EXPECT_FALSE(h_off.defined());
+}
+
+// SwiGLU's backward in down's input-gradient GEMM: [dgate | dup] against
+// cuBLAS's dh and SwiGluGradients, from operands laid out as down's node has
+// them ([g | u | 0] in rows wider than its columns, [W ; A ; 0]'s left
+// columns, gate and up the halves of one buffer); taken exactly where it
+// should be, and declined for gate and up that are not one buffer's halves.
+TEST(SwiGluGemm, DownInputGradientMatchesCublasAndTheKernel) {
+  torch::manual_seed(19);
+  const auto opts = torch::TensorOptions().dtype(TorchTestDtype()).device(TorchTestDevice());
+  const int64_t tokens = 4200, out = 1024, rank = 16, f = 2056;
+  const int64_t k = out + rank;
+  const torch::Tensor x = torch::randn({tokens, k + 8}, opts).narrow(1, 0, k);
+  const torch::Tensor w = (torch::randn({k + 16, f + 24}, opts) * 0.03).narrow(1, 0, f).narrow(0, 0, k);
+  const torch::Tensor gate_up = torch::randn({tokens, 2 * f}, opts) * 2;
+  const torch::Tensor gate = gate_up.narrow(1, 0, f), up = gate_up.narrow(1, f, f);
+  engine::SetSwiGluGemm(1);
+  const torch::Tensor at_level_1 = engine::DownInputGradientWithSwiGlu(x, w, gate, up);
+  engine::SetSwiGluGemm(2);
+  const int64_t runs_before = engine::SwiGluGemmRuns();
+  const torch::Tensor grads = engine::DownInputGradientWithSwiGlu(x, w, gate, up);
+  const torch::Tensor apart = engine::DownInputGradientWithSwiGlu(x, w, gate.contiguous(), up.contiguous());
+  engine::SetSwiGluGemm(0);
+  EXPECT_FALSE(at_level_1.defined()) << "level 1 is the forward only";
+  const bool expected = Expected(tokens, f, k);
+  EXPECT_EQ(grads.defined(), expected);
+  EXPECT_FALSE(apart.defined()) << "gate and up in buffers of their own";
+  EXPECT_EQ(engine::SwiGluGemmRuns() - runs_before, expected ? 1 : 0);
+  testing::Report("SwiGLU's backward made by down's GEMM", grads.defined() ? 1 : 0);
+  if (grads.defined()) {
+    const auto [dgate, dup] = engine::SwiGluGradients(torch::mm(x, w), gate, up);
+    EXPECT_LE(RelativeError(grads.narrow(1, 0, f), dgate), 1e-2);
+    EXPECT_LE(RelativeError(grads.narrow(1, f, f), dup), 1e-2);
+  }
 }
 
 }  // namespace
