@@ -26,6 +26,7 @@
 #   BUDGET_S=540                         start no measurement that would likely end after this many seconds
 #   RUN_TIMEOUT_S=0                      kill one measurement after this many seconds (0: never)
 #   TRAINERD_EXTRA_YAML='key: value'     extra training: keys for trainerd on every row (one per line)
+#   TRAINERD_HOPPER_GEMM=1               trainerd's SwiGLU in the MLP's GEMMs (engine/swiglu_gemm.h; 2: backward too)
 #   TRAINERD_COMMIT=abc123               the commit to report (default: git's HEAD; give it for a tree copied without .git)
 #   PROFILE=1                            after each trainerd row, profile two more of its steps (trainerd-worker
 #                                        --profile) and summarise where they went: profile-ROW.txt in the results
@@ -358,6 +359,8 @@ for r in $rows; do
         settings="micro-batch $t_mb"
         [ "$t_accum" -gt 1 ] && settings="$t_accum micro-batches of $t_mb"
         [ -n "$TRAINERD_EXTRA_YAML" ] && settings="$settings; $(printf '%s' "$TRAINERD_EXTRA_YAML" | sed ':a;N;$!ba;s/\n/, /g')"
+        # SwiGLU in the MLP's GEMMs (engine/swiglu_gemm.h), when asked for: the table says so.
+        case ${TRAINERD_HOPPER_GEMM:-0} in 1 | 2) settings="$settings; TRAINERD_HOPPER_GEMM=$TRAINERD_HOPPER_GEMM" ;; esac
         [ "$profile" = 1 ] && [ "$rc" = 0 ] && profile_row "$r" "$base"
       fi
     else
