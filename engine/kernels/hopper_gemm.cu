@@ -426,9 +426,19 @@ __global__ void __launch_bounds__(kThreads, 1) GemmKernel(const __grid_constant_
       auto chunk = [&](int c, int half) { return chunk_smem + (2 * c + half) * kChunkBytes; };
       int n = 0;
       [[maybe_unused]] int staged_count = 0;  // chunks staged so far (SwiGLU's backward by TMA)
+      // SwiGLU's backward by TMA: gate's and up's 64 x 64 chunk at (row, col) into the staging area.
+      [[maybe_unused]] auto load_staged = [&](int row_c, int col) {
+        BarrierExpectBytes(staged, 2 * kChunkBytes);
+        TmaLoad(staging, &maps.gate, col, row_c, staged);
+        TmaLoad(staging + kChunkBytes, &maps.up, col, row_c, staged);
+      };
       for (int t = blockIdx.x; t < tiles; t += gridDim.x, ++n) {
         const TileCoordinates tile = Tile(t, maps.tiles_m, maps.tiles_n);
         const int row = tile.m * kBlockM;
+#if HG_BACKWARD_TMA
+        // SwiGLU's backward: gate's and up's first chunk do not wait for dh.
+        if (kBackward && w == 0) load_staged(row, tile.n * kBlockN);
+#endif
         BarrierWait(ready, n & 1);
         if (kEpilogue == HopperEpilogue::kPlain) {
 #pragma unroll
@@ -452,11 +462,7 @@ __global__ void __launch_bounds__(kThreads, 1) GemmKernel(const __grid_constant_
           for (int c = 0; c < 4; ++c) {
             for (int half = 0; half < 2; ++half, ++staged_count) {
               const int col = tile.n * kBlockN + c * kChunk, row_c = row + half * 64;
-              if (w == 0) {
-                BarrierExpectBytes(staged, 2 * kChunkBytes);
-                TmaLoad(staging, &maps.gate, col, row_c, staged);
-                TmaLoad(staging + kChunkBytes, &maps.up, col, row_c, staged);
-              }
+              if (w == 0 && (c > 0 || half > 0)) load_staged(row_c, col);
               BarrierWait(staged, staged_count & 1);
               const uint8_t* dh = chunk(c, half);
               for (int q = w; q < kChunkBytes / 16; q += 96) {
