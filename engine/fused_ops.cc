@@ -250,6 +250,18 @@ struct MadeOutput {
   torch::Tensor h;
 };
 
+// gate and up (any shape, the same) as (rows, cols) matrices with one row
+// stride, as the SwiGLU kernels read them: in place when both are evenly
+// spaced alike (the halves of one gate|up product), else contiguous copies.
+std::pair<torch::Tensor, torch::Tensor> SwiGluRows(const torch::Tensor& gate, const torch::Tensor& up) {
+  torch::Tensor g = Rows(gate), u = Rows(up);
+  if (RowStride(g) != RowStride(u)) {
+    g = g.contiguous();
+    u = u.contiguous();
+  }
+  return {g, u};
+}
+
 // SwiGLU's backward by the kernel: dout, g, u (rows, cols) as Rows() makes
 // them, g and u with one row stride. When gate and up are the halves of one
 // gate|up product, so are their gradients: the group that made them takes
@@ -280,11 +292,7 @@ class SwiGluFunction : public torch::autograd::Function<SwiGluFunction> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& gate, const torch::Tensor& up,
                                int64_t spare, const MadeOutput& made) {
     const c10::cuda::CUDAGuard guard(gate.device());
-    torch::Tensor g = Rows(gate), u = Rows(up);  // (rows, cols), in place when evenly spaced
-    if (RowStride(g) != RowStride(u)) {
-      g = g.contiguous();
-      u = u.contiguous();
-    }
+    const auto [g, u] = SwiGluRows(gate, up);
     const int64_t rows = g.size(0), cols = g.size(1);
     torch::Tensor out = made.h;
     if (!out.defined()) {
@@ -486,11 +494,7 @@ std::pair<torch::Tensor, torch::Tensor> SwiGluGradients(const torch::Tensor& dou
   if (KernelTensor(gate) && up.sizes() == gate.sizes() && dout.sizes() == gate.sizes() &&
       up.scalar_type() == gate.scalar_type() && dout.scalar_type() == gate.scalar_type() &&
       up.device() == gate.device() && dout.device() == gate.device()) {
-    torch::Tensor g = Rows(gate), u = Rows(up);
-    if (RowStride(g) != RowStride(u)) {
-      g = g.contiguous();
-      u = u.contiguous();
-    }
+    const auto [g, u] = SwiGluRows(gate, up);
     auto [dgate, dup] = KernelSwiGluGradients(Rows(dout), g, u);
     return {dgate.view(gate.sizes()), dup.view(gate.sizes())};
   }

@@ -6,7 +6,6 @@
 #include <string>
 
 #ifdef TRAINERD_WITH_HOPPER_GEMM
-#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
@@ -34,12 +33,10 @@ bool Bf16Rows(const torch::Tensor& t) {
          t.stride(0) % 8 == 0 && t.stride(0) >= t.size(1) && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
 }
 
-// A Hopper GPU, and an (m x k) (k x n) product worth a launch: k at least
-// 256 and a 128 x 256 tile for each SM.
+// The kernel's rule (kernels::HopperGemmSuits) on the device `where`.
 bool Suits(const torch::Device& where, int64_t m, int64_t n, int64_t k) {
-  const cudaDeviceProp* device = at::cuda::getDeviceProperties(where.index());
-  const int64_t tiles = ((m + 127) / 128) * ((n + 255) / 256);
-  return device->major == 9 && device->minor == 0 && k >= 256 && tiles >= device->multiProcessorCount;
+  const c10::cuda::CUDAGuard guard(where);
+  return kernels::HopperGemmSuits(m, n, k);
 }
 
 // The forward's conditions on the operands (the setting aside).

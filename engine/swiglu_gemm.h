@@ -21,11 +21,12 @@ namespace trainerd::engine {
 // (m, 2f) and sets *h to silu(gate) * up (m, f), the left columns of rows
 // f + h_spare_columns wide (room for the down group's widened input), where
 // the GEMM of our own takes the product; else returns an undefined tensor and
-// leaves *h alone. It takes it at level 1 or 2 (below) when: CUDA on a
-// Hopper GPU (compute capability 9.0); x and w bf16, 2-D, unit column stride,
-// row strides multiples of 8 elements, data 16-byte aligned; 2f a multiple of
-// 16, h_spare_columns of 8; k at least 256 and at least one tile of 128 x 256
-// for each SM (a smaller product is not worth a launch of its own). Same
+// leaves *h alone. It takes it at level 1 or 2 (below) when: x and w bf16 on
+// CUDA, 2-D, unit column stride, row strides multiples of 8 elements, data
+// 16-byte aligned; 2f a multiple of 16, h_spare_columns of 8; and a shape the
+// kernel suits on that device (kernels::HopperGemmSuits: a Hopper GPU, k at
+// least 256, a 128 x 256 tile for each SM; a smaller product is not worth a
+// launch of its own). Same
 // results as torch::mm and the SwiGLU kernel, to the rounding of another
 // summation order (gate and up are rounded to bf16 before SwiGLU, as the
 // kernel reading them would).

@@ -348,8 +348,8 @@ struct GemmMaps {
 // SwiGLU's backward on 8 elements (16 bytes of each operand), as the engine's
 // pass computes it (engine/kernels/swiglu.cu: accurate expf, each result
 // rounded once): dgate = dh up s (1 + g (1 - s)), dup = dh g s, s = sigmoid(g).
-[[maybe_unused]] __device__ __forceinline__ void SwiGluBackward8(const uint4& dh, const uint4& gate, const uint4& up, uint4& dgate,
-                                                uint4& dup) {
+[[maybe_unused]] __device__ __forceinline__ void SwiGluBackward8(const uint4& dh, const uint4& gate, const uint4& up,
+                                                                uint4& dgate, uint4& dup) {
   const auto* d2 = reinterpret_cast<const __nv_bfloat162*>(&dh);
   const auto* g2 = reinterpret_cast<const __nv_bfloat162*>(&gate);
   const auto* u2 = reinterpret_cast<const __nv_bfloat162*>(&up);
@@ -492,27 +492,27 @@ __global__ void __launch_bounds__(kThreads, 1) GemmKernel(const __grid_constant_
           // 16-byte unit q of dh: consecutive threads along a row (eight
           // units a row of a 64-column block), so that gate|up's reads and
           // dgate|dup's writes are whole 128-byte lines; kInFlight units at a time.
-          auto unit = [&](int q, int& row, int& col) -> const uint4* {
+          auto unit = [&](int q, int& at_row, int& at_col) -> const uint4* {
             const int u = q % 8, r = (q / 8) % 64, half = (q / 512) % 2, c = q / 1024;
-            row = tile.m * kBlockM + half * 64 + r;
-            col = tile.n * kBlockN + c * 64 + u * 8;
+            at_row = row + half * 64 + r;
+            at_col = tile.n * kBlockN + c * 64 + u * 8;
             return reinterpret_cast<const uint4*>(chunk(c, half) + r * 128 + ((u ^ (r % 8)) * 16));
           };
           constexpr int kUnits = 4 * 2 * 64 * 8;  // the tile's 64 KB
           constexpr int kInFlight = HG_BACKWARD_UNITS;
           for (int q = w; q < kUnits; q += kInFlight * 96) {
-            int row[kInFlight], col[kInFlight];
+            int rows[kInFlight], cols[kInFlight];
             uint4 dh[kInFlight], g[kInFlight], u[kInFlight];
             bool in[kInFlight];
 #pragma unroll
             for (int i = 0; i < kInFlight; ++i) {
               in[i] = false;
               if (q + i * 96 >= kUnits) continue;
-              const uint4* d = unit(q + i * 96, row[i], col[i]);
-              in[i] = row[i] < maps.m && col[i] < maps.n;
+              const uint4* d = unit(q + i * 96, rows[i], cols[i]);
+              in[i] = rows[i] < maps.m && cols[i] < maps.n;
               if (in[i]) {
                 dh[i] = *d;
-                const __nv_bfloat16* p = maps.gate_up + row[i] * maps.gate_up_stride + col[i];
+                const __nv_bfloat16* p = maps.gate_up + rows[i] * maps.gate_up_stride + cols[i];
                 g[i] = __ldg(reinterpret_cast<const uint4*>(p));
                 u[i] = __ldg(reinterpret_cast<const uint4*>(p + maps.n));
               }
@@ -522,7 +522,7 @@ __global__ void __launch_bounds__(kThreads, 1) GemmKernel(const __grid_constant_
               if (!in[i]) continue;
               uint4 dg, du;
               SwiGluBackward8(dh[i], g[i], u[i], dg, du);
-              __nv_bfloat16* p = maps.grad + row[i] * maps.grad_stride + col[i];
+              __nv_bfloat16* p = maps.grad + rows[i] * maps.grad_stride + cols[i];
               *reinterpret_cast<uint4*>(p) = dg;
               *reinterpret_cast<uint4*>(p + maps.n) = du;
             }
@@ -910,6 +910,12 @@ std::string HopperGemmBuild() {
          std::to_string(kSmemBytes) + " bytes of shared memory a block";
 }
 
+bool HopperGemmSuits(int64_t m, int64_t n, int64_t k) {
+  const DeviceInfo device = CurrentDevice();
+  const int64_t tiles = ((m + kBlockM - 1) / kBlockM) * ((n + kBlockN - 1) / kBlockN);
+  return device.hopper && device.sms > 0 && k >= 256 && tiles >= device.sms;
+}
+
 bool HopperGemmHas(HopperEpilogue epilogue) {
   return epilogue != HopperEpilogue::kSwiGluBackward || HG_HIDDEN_EPILOGUE;
 }
@@ -958,17 +964,15 @@ std::string HopperGemm(const HopperGemmOperands& o, HopperEpilogue epilogue, voi
       why = o.w_transposed ? Map(&maps.w, o.w, o.k, o.n, o.w_stride, 64)
                            : Map(&maps.w, o.w, o.n, o.k, o.w_stride, kBlockN);
     }
+    if (why.empty()) why = Map(&maps.d, o.d, o.m, o.n, o.d_stride, kChunk);
     if (why.empty() && backward) {
-      // SwiGLU's backward: D is [dgate | dup] (m, 2 n); gate and up of the
-      // forward's [gate | up] (by TMA in that build).
+      // SwiGLU's backward: D is [dgate | dup] (m, 2 n), maps.d its dgate
+      // half; gate and up of the forward's [gate | up] (by TMA in that build).
       const auto* gate_up = static_cast<const __nv_bfloat16*>(o.gate_up);
-      auto* grad = static_cast<__nv_bfloat16*>(o.d);
-      why = Map(&maps.d, grad, o.m, o.n, o.d_stride, kChunk);
-      if (why.empty()) why = Map(&maps.d_up, grad + o.n, o.m, o.n, o.d_stride, kChunk);
+      why = Map(&maps.d_up, static_cast<const __nv_bfloat16*>(o.d) + o.n, o.m, o.n, o.d_stride, kChunk);
       if (why.empty()) why = Map(&maps.gate, gate_up, o.m, o.n, o.gate_up_stride, kChunk);
       if (why.empty()) why = Map(&maps.up, gate_up + o.n, o.m, o.n, o.gate_up_stride, kChunk);
     }
-    if (why.empty() && !backward) why = Map(&maps.d, o.d, o.m, o.n, o.d_stride, kChunk);
     maps.tiles_n = static_cast<int>((o.n + kBlockN - 1) / kBlockN);
   }
   if (!why.empty()) return "HopperGemm: " + why;

@@ -67,6 +67,12 @@ enum class HopperEpilogue {
   kSwiGluBackward,
 };
 
+// Whether the current device is a Hopper GPU (compute capability 9.0) and an
+// (m x k) (k x n) product is worth a launch of the kernel: k at least 256 and
+// at least one of its output tiles for each SM (it splits no product along k,
+// so a smaller product leaves SMs idle).
+[[nodiscard]] bool HopperGemmSuits(int64_t m, int64_t n, int64_t k);
+
 // Whether this build's schedule has the epilogue (SwiGLU's backward needs
 // the hidden epilogue's warps).
 [[nodiscard]] bool HopperGemmHas(HopperEpilogue epilogue);

@@ -19,7 +19,9 @@
 #include <torch/torch.h>
 
 #ifdef TRAINERD_WITH_HOPPER_GEMM
-#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include "engine/kernels/hopper_gemm.h"
 #endif
 
 #include "engine/fused_ops.h"
@@ -36,14 +38,14 @@ using testing::TorchTestDevice;
 using testing::TorchTestDtype;
 
 // Whether the GEMM of our own should take an (m x k) (k x n) product in this
-// run: bf16 on a Hopper GPU in a build that has the kernel, k at least 256
-// and a 128 x 256 tile for every SM.
+// run: bf16 on a CUDA device, in a build that has the kernel, of a shape it
+// suits on this GPU (kernels::HopperGemmSuits: a Hopper one, a tile for each
+// of its SMs).
 bool Expected(int64_t m, int64_t n, int64_t k) {
 #ifdef TRAINERD_WITH_HOPPER_GEMM
   if (TorchTestDtype() != torch::kBFloat16 || !TorchTestDevice().is_cuda()) return false;
-  const cudaDeviceProp* device = at::cuda::getDeviceProperties(TorchTestDevice().index() < 0 ? 0 : TorchTestDevice().index());
-  const int64_t tiles = ((m + 127) / 128) * ((n + 255) / 256);
-  return device->major == 9 && device->minor == 0 && k >= 256 && tiles >= device->multiProcessorCount;
+  const c10::cuda::CUDAGuard guard(TorchTestDevice());
+  return kernels::HopperGemmSuits(m, n, k);
 #else
   (void)m, (void)n, (void)k;
   return false;
