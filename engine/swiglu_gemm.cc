@@ -51,9 +51,8 @@ bool Takes(const torch::Tensor& x, const torch::Tensor& w, int64_t h_spare_colum
 // The backward's: x (N, k), w (k, f), gate and up the halves of one buffer.
 bool TakesBackward(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& gate,
                    const torch::Tensor& up) {
-  if (!kernels::HopperGemmHas(kernels::HopperEpilogue::kSwiGluBackward) || !Bf16Rows(x) || !Bf16Rows(w) ||
-      !Bf16Rows(gate) || !Bf16Rows(up) || x.device() != w.device() || gate.device() != x.device() ||
-      up.device() != x.device() || x.size(1) != w.size(0)) {
+  if (!Bf16Rows(x) || !Bf16Rows(w) || !Bf16Rows(gate) || !Bf16Rows(up) || x.device() != w.device() ||
+      gate.device() != x.device() || up.device() != x.device() || x.size(1) != w.size(0)) {
     return false;
   }
   const int64_t n = x.size(0), f = w.size(1);

@@ -11,29 +11,14 @@
 #include <algorithm>
 #include <mutex>
 
-#ifndef HG_PINGPONG
-// 1: each consumer warpgroup takes whole tiles of 128 x 128 of its own, the
-// two in turn (ping-pong), so that one's epilogue runs while the other's main
-// loop keeps the tensor cores busy; 0: both share each 128 x 256 tile
-// (cooperative) and stop the main loop together for its epilogue.
-#define HG_PINGPONG 0
-#endif
-#ifndef HG_TILE_EPILOGUE
-// 1: the epilogue writes a whole tile's chunks (SwiGLU: gate's and up's, then
-// h's) before one barrier and their TMA stores, in four buffers a consumer,
-// with a 3-stage ring to make room; 0: chunk by chunk through two buffers,
-// two barriers a chunk.
-#define HG_TILE_EPILOGUE 0
-#endif
-#ifndef HG_HIDDEN_EPILOGUE
-// 1 (the default unless another schedule is asked for): the consumers hand
-// each finished tile over to the producer warpgroup's three idle warps
-// through a 64 KB buffer and go on to the next tile's main loop at once;
-// those warps store it by TMA and do SwiGLU's arithmetic, so the epilogue
-// runs under the next main loop. 0: the consumers store their tile
-// themselves before its next main loop.
-#define HG_HIDDEN_EPILOGUE (HG_PINGPONG || HG_TILE_EPILOGUE ? 0 : 1)
-#endif
+// The schedule: one persistent block an SM, tiles of 128 x 256 shared by
+// two consumer warpgroups (cooperative); each finished tile handed over to
+// the producer warpgroup's three idle warps through a 64 KB buffer, so that
+// its epilogue (the stores by TMA, SwiGLU's arithmetic) runs under the next
+// tile's main loop. Schedules measured against it and removed (bench/speed/
+// NOTES.md, "The epilogue under the main loop"): the consumers storing their
+// own tile between main loops, chunk by chunk or a whole tile at a time, and
+// ping-pong 128 x 128 tiles a consumer.
 #ifndef HG_BACKWARD_TMA
 // SwiGLU's backward epilogue: 1 gate and up come by TMA into a 16 KB staging
 // area, 64 x 64 chunk by chunk, and dgate and dup leave by TMA from it; 0
@@ -44,8 +29,14 @@
 #ifndef HG_BACKWARD_UNITS
 #define HG_BACKWARD_UNITS 4
 #endif
+#ifndef HG_BACKWARD_PREFETCH
+// SwiGLU's backward: 1 the producer asks L2 for a tile's gate and up when
+// it starts loading the tile's k-slices, a main loop before the epilogue
+// reads them (128 KB a tile, about 17 MB in flight on 132 SMs); 0 not.
+#define HG_BACKWARD_PREFETCH 0
+#endif
 #ifndef HG_STAGES
-#define HG_STAGES (HG_PINGPONG ? 6 : HG_TILE_EPILOGUE || HG_HIDDEN_EPILOGUE ? 3 : 4)  // the ring's depth
+#define HG_STAGES 3  // the ring's depth (the hand-over buffer takes the fourth stage's room)
 #endif
 #ifndef HG_GROUP
 #define HG_GROUP 16  // the rasterisation's group of 128-row tiles
@@ -59,29 +50,25 @@
 // division (accurate).
 #define HG_FAST_SILU 1
 #endif
-#ifndef HG_PROBE
-#define HG_PROBE 0  // measuring only: 1 no epilogue at all, 2 SwiGLU's h without its arithmetic (h = up)
-#endif
 
 namespace trainerd::kernels {
 namespace {
 
-static_assert(HG_PINGPONG + HG_TILE_EPILOGUE + HG_HIDDEN_EPILOGUE <= 1, "one epilogue schedule at a time");
-constexpr int kBlockM = 128, kBlockN = HG_PINGPONG ? 128 : 256, kBlockK = 64;
+constexpr int kBlockM = 128, kBlockN = 256, kBlockK = 64;
 constexpr int kStages = HG_STAGES;
 constexpr int kThreads = 384;  // producer warpgroup + two consumer warpgroups
 constexpr int kChunk = 64;     // epilogue chunk: 64 rows x 64 columns
 constexpr int kABytes = kBlockM * kBlockK * 2;    // 16 KB
-constexpr int kBBytes = kBlockN * kBlockK * 2;    // 32 KB (ping-pong: 16 KB)
+constexpr int kBBytes = kBlockN * kBlockK * 2;    // 32 KB
 constexpr int kBoxBytes = 64 * 64 * 2;            // an MN-major box of W: 64 k-rows x 64 columns
 constexpr int kChunkBytes = kChunk * kChunk * 2;  // 8 KB
-// Chunk buffers a consumer warpgroup; the hidden epilogue's: the whole tile,
-// column block c (64 columns) of consumer w's rows at chunk 2 c + w.
-constexpr int kSlots = HG_TILE_EPILOGUE || HG_HIDDEN_EPILOGUE ? 4 : 2;
+// The hand-over buffer: the whole tile, column block c (64 columns) of
+// consumer w's rows at chunk 2 c + w.
+constexpr int kHandOverBytes = 8 * kChunkBytes;  // 64 KB
 // SwiGLU's backward by TMA: a chunk of gate and the matching chunk of up.
-constexpr int kStagingBytes = HG_HIDDEN_EPILOGUE && HG_BACKWARD_TMA ? 2 * kChunkBytes : 0;
+constexpr int kStagingBytes = HG_BACKWARD_TMA ? 2 * kChunkBytes : 0;
 constexpr int kSmemBytes =
-    kStages * (kABytes + kBBytes) + 2 * kSlots * kChunkBytes + kStagingBytes + (2 * kStages + 3) * 8 + 1024;
+    kStages * (kABytes + kBBytes) + kHandOverBytes + kStagingBytes + (2 * kStages + 3) * 8 + 1024;
 static_assert(kSmemBytes <= 227 * 1024, "shared memory over the 227 KB a block may have");
 
 __device__ __forceinline__ uint32_t SmemAddress(const void* p) {
@@ -122,6 +109,14 @@ __device__ __forceinline__ void TmaLoad(void* dst, const CUtensorMap* map, int c
       : "memory");
 }
 
+// Asks L2 for a box of the map (no shared memory, no barrier).
+[[maybe_unused]] __device__ __forceinline__ void TmaPrefetchL2(const CUtensorMap* map, int col, int row) {
+  asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(col), "r"(row)
+               : "memory");
+}
+
 // A TMA store of a box from shared memory, in the current bulk group.
 __device__ __forceinline__ void TmaStoreUncommitted(const CUtensorMap* map, const void* src, int col, int row) {
   asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];" ::"l"(
@@ -131,12 +126,6 @@ __device__ __forceinline__ void TmaStoreUncommitted(const CUtensorMap* map, cons
 }
 
 __device__ __forceinline__ void TmaStoreCommit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
-
-// A TMA store as a bulk group of its own.
-[[maybe_unused]] __device__ __forceinline__ void TmaStore(const CUtensorMap* map, const void* src, int col, int row) {
-  TmaStoreUncommitted(map, src, col, row);
-  TmaStoreCommit();
-}
 
 // Waits until at most N committed TMA stores still read shared memory.
 template <int N>
@@ -225,32 +214,6 @@ __device__ __forceinline__ void Wgmma256(float (&d)[128], uint64_t a, uint64_t b
         "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]),
         "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]),
         "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-      : "l"(a), "l"(b), "r"(accumulate), "n"(kTransposeB));
-}
-
-// d (64 x 128, this thread's 64 values) += A (64 x 16) B (128 x 16)^T, or =
-// when accumulate is 0; B MN-major when kTransposeB. The ping-pong tiles'.
-template <int kTransposeB>
-__device__ __forceinline__ void Wgmma128(float (&d)[64], uint64_t a, uint64_t b, int accumulate) {
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-      "}, %64, %65, p, 1, 1, 0, %67;\n"
-      "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
       : "l"(a), "l"(b), "r"(accumulate), "n"(kTransposeB));
 }
 
@@ -367,8 +330,7 @@ struct GemmMaps {
 template <HopperEpilogue kEpilogue, bool kWTransposed>
 __global__ void __launch_bounds__(kThreads, 1) GemmKernel(const __grid_constant__ GemmMaps maps) {
   static_assert(!(kWTransposed && kEpilogue == HopperEpilogue::kSwiGlu), "SwiGLU takes W as stored");
-  static_assert(kEpilogue != HopperEpilogue::kSwiGluBackward || (kWTransposed && HG_HIDDEN_EPILOGUE),
-                "SwiGLU's backward takes W transposed, in the hidden epilogue");
+  static_assert(kEpilogue != HopperEpilogue::kSwiGluBackward || kWTransposed, "SwiGLU's backward takes W transposed");
   constexpr bool kBackward = kEpilogue == HopperEpilogue::kSwiGluBackward;
   // The backward's epilogue warps hold HG_BACKWARD_UNITS units' operands in flight.
   constexpr int kProducerRegisters = kBackward ? (HG_BACKWARD_UNITS > 2 ? 112 : 72) : 40;
@@ -378,17 +340,11 @@ __global__ void __launch_bounds__(kThreads, 1) GemmKernel(const __grid_constant_
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw_smem) + 1023) & ~uintptr_t{1023});
   uint8_t* a_smem = smem;
   uint8_t* b_smem = a_smem + kStages * kABytes;
-  uint8_t* chunk_smem = b_smem + kStages * kBBytes;  // [consumer][kSlots][kChunkBytes]
-  uint8_t* staging = chunk_smem + 2 * kSlots * kChunkBytes;  // [gate chunk | up chunk], SwiGLU's backward by TMA
+  uint8_t* chunk_smem = b_smem + kStages * kBBytes;  // the hand-over buffer
+  uint8_t* staging = chunk_smem + kHandOverBytes;  // [gate chunk | up chunk], SwiGLU's backward by TMA
   uint64_t* full = reinterpret_cast<uint64_t*>(staging + kStagingBytes);
   uint64_t* empty = full + kStages;
-  // Ping-pong: turn[c] completes a phase when the other consumer has waited
-  // for its tile's last k-slice, so that consumer c may wait for its own
-  // tile's slices. Besides ordering the main loops, this keeps each wait on
-  // a full barrier within one phase of the ring (a parity wait cannot tell
-  // phases two apart).
-  uint64_t* turn = empty + kStages;
-  // The hidden epilogue: `ready` completes a phase when both consumers have
+  // The hand-over: `ready` completes a phase when both consumers have
   // written a tile into the buffer, `released` when its stores have read it.
   uint64_t* ready = empty + kStages;
   uint64_t* released = ready + 1;
@@ -399,17 +355,12 @@ __global__ void __launch_bounds__(kThreads, 1) GemmKernel(const __grid_constant_
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       BarrierInit(&full[s], 1);
-      BarrierInit(&empty[s], HG_PINGPONG ? 4 : 2 * 4);  // one arrival per warp that reads the stage
+      BarrierInit(&empty[s], 2 * 4);  // one arrival per warp that reads the stage
     }
-    if (HG_HIDDEN_EPILOGUE) {
-      BarrierInit(ready, 256);  // every consumer thread, after its own writes
-      // SwiGLU's backward without TMA: every epilogue thread, after its reads.
-      BarrierInit(released, kBackward && !HG_BACKWARD_TMA ? 96 : 1);
-      BarrierInit(staged, 1);
-    } else {
-      BarrierInit(&turn[0], 1);
-      BarrierInit(&turn[1], 1);
-    }
+    BarrierInit(ready, 256);  // every consumer thread, after its own writes
+    // SwiGLU's backward without TMA: every epilogue thread, after its reads.
+    BarrierInit(released, kBackward && !HG_BACKWARD_TMA ? 96 : 1);
+    BarrierInit(staged, 1);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
@@ -418,7 +369,6 @@ __global__ void __launch_bounds__(kThreads, 1) GemmKernel(const __grid_constant_
   if (warpgroup == 0) {
     // The producer: one thread issues every load.
     LowerRegisters<kProducerRegisters>();
-#if HG_HIDDEN_EPILOGUE
     if (tid >= 32) {
       // Warps 1-3: the epilogue of each tile the consumers hand over.
       const int w = tid - 32;
@@ -558,7 +508,7 @@ __global__ void __launch_bounds__(kThreads, 1) GemmKernel(const __grid_constant_
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const float2 gf = __bfloat1622float2(g2[e]), uf = __bfloat1622float2(u2[e]);
-            o[e] = HG_PROBE == 2 ? PackBf16(uf.x, uf.y) : PackBf16(Silu(gf.x) * uf.x, Silu(gf.y) * uf.y);
+            o[e] = PackBf16(Silu(gf.x) * uf.x, Silu(gf.y) * uf.y);
           }
           *gate = out;
         }
@@ -578,11 +528,19 @@ __global__ void __launch_bounds__(kThreads, 1) GemmKernel(const __grid_constant_
       if (w == 0) TmaStoreWaitAll();
       return;
     }
-#endif
     if (tid != 0) return;
     int it = 0;
     for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
       const TileCoordinates tile = Tile(t, maps.tiles_m, maps.tiles_n);
+      if (kBackward && HG_BACKWARD_PREFETCH) {
+        // The tile's gate and up (64 x 64 boxes), for its epilogue.
+        for (int c = 0; c < 4; ++c) {
+          for (int half = 0; half < 2; ++half) {
+            TmaPrefetchL2(&maps.gate, tile.n * kBlockN + c * kChunk, tile.m * kBlockM + half * 64);
+            TmaPrefetchL2(&maps.up, tile.n * kBlockN + c * kChunk, tile.m * kBlockM + half * 64);
+          }
+        }
+      }
       for (int kt = 0; kt < maps.k_tiles; ++kt, ++it) {
         const int s = it % kStages;
         BarrierWait(&empty[s], ((it / kStages) & 1) ^ 1);
@@ -610,85 +568,10 @@ __global__ void __launch_bounds__(kThreads, 1) GemmKernel(const __grid_constant_
   RaiseRegisters<kConsumerRegisters>();
   const int consumer = warpgroup - 1;
   const int warp = tid / 32, lane = tid % 32;
-  uint8_t* chunks = chunk_smem + consumer * kSlots * kChunkBytes;
-#if HG_PINGPONG
-  // Tiles j = consumer, consumer + 2, ... of the producer's sequence: their
-  // k-slices are ring iterations j * k_tiles .. + k_tiles - 1.
-  float acc[2][64];  // the tile's rows 0-63 and 64-127
-  int chunk_count = 0;
-  for (int j = consumer, t = blockIdx.x + consumer * gridDim.x; t < tiles; j += 2, t += 2 * gridDim.x) {
-    const TileCoordinates tile = Tile(t, maps.tiles_m, maps.tiles_n);
-    // The n-th tile of consumer 1 waits for consumer 0's n-th; consumer 0's
-    // n-th (n >= 1) for consumer 1's (n - 1)-th.
-    if (j > 0) BarrierWait(&turn[consumer], ((j - 1) / 2) & 1);
-    int it = j * maps.k_tiles;
-    int previous = -1;
-    for (int kt = 0; kt < maps.k_tiles; ++kt, ++it) {
-      const int s = it % kStages;
-      BarrierWait(&full[s], (it / kStages) & 1);
-      if (kt == maps.k_tiles - 1 && tid == 0) BarrierArrive(&turn[1 - consumer]);
-      const uint32_t a = SmemAddress(a_smem + s * kABytes);
-      const uint32_t b = SmemAddress(b_smem + s * kBBytes);
-      WgmmaFence();
-#pragma unroll
-      for (int kk = 0; kk < kBlockK / 16; ++kk) {
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const uint64_t a_half = DescriptorK(a + half * (kABytes / 2) + kk * 32);
-          if (kWTransposed) {
-            Wgmma128<1>(acc[half], a_half, DescriptorMN(b + kk * 2048), kt > 0 || kk > 0);
-          } else {
-            Wgmma128<0>(acc[half], a_half, DescriptorK(b + kk * 32), kt > 0 || kk > 0);
-          }
-        }
-      }
-      WgmmaCommit();
-      WgmmaWait<1>();
-      if (previous >= 0 && lane == 0) BarrierArrive(&empty[previous]);
-      previous = s;
-    }
-    WgmmaWait<0>();
-    if (lane == 0) BarrierArrive(&empty[previous]);
-    if (HG_PROBE == 1) continue;
-    auto store = [&](const CUtensorMap* map, int col, int row, auto value, int first) {
-      uint8_t* chunk = chunks + (chunk_count % 2) * kChunkBytes;
-      if (tid == 0) TmaStoreWaitRead<1>();
-      NamedBarrier(1 + consumer, 128);
-      WriteChunk(chunk, warp, lane, first, value);
-      FenceAsyncShared();
-      NamedBarrier(1 + consumer, 128);
-      if (tid == 0) TmaStore(map, chunk, col, row);
-      ++chunk_count;
-    };
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int row = tile.m * kBlockM + half * 64;
-      auto plain = [&](int i, int e) { return acc[half][4 * i + e]; };
-      // SwiGLU: groups 0-7 are gate's 64 columns, 8-15 up's matching ones.
-      auto h = [&](int i, int e) {
-        const float g = __bfloat162float(__float2bfloat16_rn(acc[half][4 * i + e]));
-        const float u = __bfloat162float(__float2bfloat16_rn(acc[half][4 * (i + 8) + e]));
-        return HG_PROBE == 2 ? u : Silu(g) * u;
-      };
-      if (kEpilogue == HopperEpilogue::kPlain) {
-#pragma unroll
-        for (int c = 0; c < kBlockN / kChunk; ++c) store(&maps.d, tile.n * kBlockN + c * kChunk, row, plain, 8 * c);
-      } else {
-        const int col = tile.n * (kBlockN / 2);
-        store(&maps.d, col, row, plain, 0);
-        store(&maps.d_up, col, row, plain, 8);
-        store(&maps.h, col, row, h, 0);
-      }
-    }
-  }
-#else
   float acc[128];
   int it = 0;
-#if !HG_TILE_EPILOGUE
-  int chunk_count = 0;  // chunks stored so far (their buffers alternate across tiles); hidden: tiles handed over
-#endif
+  int handed_over = 0;  // tiles handed over so far
   for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
-    const TileCoordinates tile = Tile(t, maps.tiles_m, maps.tiles_n);
     int previous = -1;
     for (int kt = 0; kt < maps.k_tiles; ++kt, ++it) {
       const int s = it % kStages;
@@ -712,104 +595,16 @@ __global__ void __launch_bounds__(kThreads, 1) GemmKernel(const __grid_constant_
     WgmmaWait<0>();
     if (lane == 0) BarrierArrive(&empty[previous]);
 
-    // Epilogue: 64-column chunks rounded into swizzled buffers, stored by TMA.
-    const int row0 = tile.m * kBlockM + consumer * 64;
-    auto plain = [&](int i, int e) { return acc[4 * i + e]; };
-    // SwiGLU: groups 0-15 are gate's 128 columns, 16-31 up's matching ones.
-    auto h = [&](int i, int e) {
-      const float g = __bfloat162float(__float2bfloat16_rn(acc[4 * i + e]));
-      const float u = __bfloat162float(__float2bfloat16_rn(acc[4 * (i + 16) + e]));
-      return HG_PROBE == 2 ? u : Silu(g) * u;
-    };
-#if HG_HIDDEN_EPILOGUE
     // Hand the tile over: wait until the previous tile's stores have read
-    // the buffer, write this one's chunks, and mark them written.
-    (void)row0;
-    (void)h;
-    if (chunk_count > 0) BarrierWait(released, (chunk_count - 1) & 1);
+    // the buffer, write this one's chunks (rounded to bf16), mark them written.
+    auto plain = [&](int i, int e) { return acc[4 * i + e]; };
+    if (handed_over > 0) BarrierWait(released, (handed_over - 1) & 1);
 #pragma unroll
     for (int c = 0; c < 4; ++c) WriteChunk(chunk_smem + (2 * c + consumer) * kChunkBytes, warp, lane, 8 * c, plain);
     FenceAsyncShared();
     BarrierArrive(ready);
-    ++chunk_count;
-    continue;
-#endif
-    if (HG_PROBE == 1) continue;
-#if HG_TILE_EPILOGUE
-    // A round: every buffer free (the stores that read them done), the
-    // round's chunks written, one barrier, their stores as one bulk group.
-    auto begin_round = [&] {
-      if (tid == 0) TmaStoreWaitRead<0>();
-      NamedBarrier(1 + consumer, 128);
-    };
-    auto end_round = [&] {
-      FenceAsyncShared();
-      NamedBarrier(1 + consumer, 128);
-    };
-    auto slot = [&](int i) { return chunks + i * kChunkBytes; };
-    if (kEpilogue == HopperEpilogue::kPlain) {
-      begin_round();
-#pragma unroll
-      for (int c = 0; c < 4; ++c) WriteChunk(slot(c), warp, lane, 8 * c, plain);
-      end_round();
-      if (tid == 0) {
-#pragma unroll
-        for (int c = 0; c < 4; ++c) TmaStoreUncommitted(&maps.d, slot(c), tile.n * kBlockN + c * kChunk, row0);
-        TmaStoreCommit();
-      }
-    } else {
-      const int col = tile.n * (kBlockN / 2);
-      begin_round();
-#pragma unroll
-      for (int c = 0; c < 4; ++c) WriteChunk(slot(c), warp, lane, 8 * c, plain);  // gate 0, 1; up 0, 1
-      end_round();
-      if (tid == 0) {
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          TmaStoreUncommitted(&maps.d, slot(c), col + c * kChunk, row0);
-          TmaStoreUncommitted(&maps.d_up, slot(2 + c), col + c * kChunk, row0);
-        }
-        TmaStoreCommit();
-      }
-      begin_round();
-#pragma unroll
-      for (int c = 0; c < 2; ++c) WriteChunk(slot(c), warp, lane, 8 * c, h);
-      end_round();
-      if (tid == 0) {
-#pragma unroll
-        for (int c = 0; c < 2; ++c) TmaStoreUncommitted(&maps.h, slot(c), col + c * kChunk, row0);
-        TmaStoreCommit();
-      }
-    }
-#else
-    // Chunk by chunk through two buffers: a chunk waits only for the store
-    // that read its buffer two chunks before.
-    auto store = [&](const CUtensorMap* map, int col, auto value, int first) {
-      uint8_t* chunk = chunks + (chunk_count % 2) * kChunkBytes;
-      if (tid == 0) TmaStoreWaitRead<1>();
-      NamedBarrier(1 + consumer, 128);
-      WriteChunk(chunk, warp, lane, first, value);
-      FenceAsyncShared();
-      NamedBarrier(1 + consumer, 128);
-      if (tid == 0) TmaStore(map, chunk, col, row0);
-      ++chunk_count;
-    };
-    if (kEpilogue == HopperEpilogue::kPlain) {
-#pragma unroll
-      for (int c = 0; c < kBlockN / kChunk; ++c) store(&maps.d, tile.n * kBlockN + c * kChunk, plain, 8 * c);
-    } else {
-      const int col = tile.n * (kBlockN / 2);
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        store(&maps.d, col + c * kChunk, plain, 8 * c);
-        store(&maps.d_up, col + c * kChunk, plain, 16 + 8 * c);
-        store(&maps.h, col + c * kChunk, h, 8 * c);
-      }
-    }
-#endif
+    ++handed_over;
   }
-#endif  // HG_PINGPONG
-  if (tid == 0) TmaStoreWaitAll();
 }
 
 // ---- host ----
@@ -898,15 +693,11 @@ std::string Launch(const GemmMaps& maps, int grid, cudaStream_t stream) {
 }  // namespace
 
 std::string HopperGemmBuild() {
-  return std::string(HG_PINGPONG          ? "ping-pong 128 x 128"
-                     : HG_HIDDEN_EPILOGUE && HG_BACKWARD_TMA
-                         ? "cooperative 128 x 256, epilogue by the producer's warps (SwiGLU's backward by TMA)"
-                     : HG_HIDDEN_EPILOGUE ? "cooperative 128 x 256, epilogue by the producer's warps"
-                                          : "cooperative 128 x 256") +
-         ", stages " +
-         std::to_string(kStages) + ", group " + std::to_string(HG_GROUP) + ", stmatrix " +
-         std::to_string(HG_STMATRIX) + ", fast silu " + std::to_string(HG_FAST_SILU) + ", tile epilogue " +
-         std::to_string(HG_TILE_EPILOGUE) + ", probe " + std::to_string(HG_PROBE) + ", " +
+  const std::string backward = (HG_BACKWARD_TMA ? "by TMA" : std::to_string(HG_BACKWARD_UNITS) + " units in flight") +
+                               std::string(HG_BACKWARD_PREFETCH ? ", gate and up prefetched to L2" : "");
+  return "cooperative 128 x 256, epilogue by the producer's warps (SwiGLU's backward " + backward + ")" +
+         ", stages " + std::to_string(kStages) + ", group " + std::to_string(HG_GROUP) + ", stmatrix " +
+         std::to_string(HG_STMATRIX) + ", fast silu " + std::to_string(HG_FAST_SILU) + ", " +
          std::to_string(kSmemBytes) + " bytes of shared memory a block";
 }
 
@@ -916,16 +707,11 @@ bool HopperGemmSuits(int64_t m, int64_t n, int64_t k) {
   return device.hopper && device.sms > 0 && k >= 256 && tiles >= device.sms;
 }
 
-bool HopperGemmHas(HopperEpilogue epilogue) {
-  return epilogue != HopperEpilogue::kSwiGluBackward || HG_HIDDEN_EPILOGUE;
-}
-
 std::string HopperGemm(const HopperGemmOperands& o, HopperEpilogue epilogue, void* stream) {
   const DeviceInfo device = CurrentDevice();
   if (!device.hopper) return "HopperGemm: the current device is not a Hopper GPU (compute capability 9.0)";
   const bool swiglu = epilogue == HopperEpilogue::kSwiGlu;
   const bool backward = epilogue == HopperEpilogue::kSwiGluBackward;
-  if (!HopperGemmHas(epilogue)) return "HopperGemm: SwiGLU's backward needs the hidden epilogue (HG_HIDDEN_EPILOGUE=1)";
   if (backward && (!o.w_transposed || o.n % 8 != 0 || o.gate_up == nullptr || !Aligned(o.gate_up) ||
                    o.gate_up_stride % 8 != 0 || o.gate_up_stride < 2 * o.n || o.d_stride < 2 * o.n)) {
     return "HopperGemm: SwiGLU's backward needs W transposed, n a multiple of 8, and gate|up and D of 2 n columns, "
@@ -986,9 +772,7 @@ std::string HopperGemm(const HopperGemmOperands& o, HopperEpilogue epilogue, voi
   const int grid = std::min(tiles, device.sms);
   auto* s = static_cast<cudaStream_t>(stream);
   if (swiglu) return Launch<HopperEpilogue::kSwiGlu, false>(maps, grid, s);
-#if HG_HIDDEN_EPILOGUE
   if (backward) return Launch<HopperEpilogue::kSwiGluBackward, true>(maps, grid, s);
-#endif
   return o.w_transposed ? Launch<HopperEpilogue::kPlain, true>(maps, grid, s)
                         : Launch<HopperEpilogue::kPlain, false>(maps, grid, s);
 }

@@ -2,10 +2,11 @@
 // decoder's large bf16 products: D = X W^T with float32 accumulation, W given
 // either as stored by a linear layer (n, k) or transposed (k, n), and
 // optionally SwiGLU's forward or backward in the epilogue. The engine runs it
-// for one product, gate|up's forward with SwiGLU in the epilogue
-// (engine/swiglu_gemm.h, behind TRAINERD_HOPPER_GEMM), where the fusion saves
-// the SwiGLU pass's joules; a plain product on it spends the same joules as
-// cuBLAS's at the card's power cap, so the others stay cuBLAS's
+// for two products, behind TRAINERD_HOPPER_GEMM (engine/swiglu_gemm.h):
+// gate|up's forward with SwiGLU's forward in the epilogue, and down's input
+// gradient with SwiGLU's backward in it, where the fusion saves the SwiGLU
+// pass's joules; a plain product on it spends the same joules as cuBLAS's at
+// the card's power cap, so the others stay cuBLAS's
 // (bench/speed/NOTES.md, "The GEMMs at the power cap" and "The epilogue under
 // the main loop"). bench/gemm/hopper_gemm.cu checks it against cuBLAS and
 // float64 and measures it.
@@ -19,16 +20,13 @@
 // on wgmma m64n256k16, and an epilogue that rounds each 64 x 64 chunk to
 // bf16 in shared memory (stmatrix) and stores it by TMA. Tails in every
 // dimension are TMA's (loads outside read zeros, stores outside are dropped).
-// By default the epilogue runs under the next tile's main loop: the
-// consumers hand each finished tile to the producer warpgroup's three idle
-// warps through a 64 KB buffer (a 3-stage ring makes room), which store it
-// and do SwiGLU's arithmetic (forward: h from the buffer; backward: dgate
-// and dup from the buffer's dh and gate|up read from memory). SwiGLU's
-// forward then costs almost nothing (bench/speed/NOTES.md, "The epilogue
-// under the main loop"). Compile-time knobs build the other schedules for
-// comparison: HG_HIDDEN_EPILOGUE=0 (the consumers store their own tile
-// between main loops, 4 stages), HG_PINGPONG=1 (128 x 128 tiles a
-// warpgroup, slower), HG_TILE_EPILOGUE=1.
+// The epilogue runs under the next tile's main loop: the consumers hand each
+// finished tile to the producer warpgroup's three idle warps through a 64 KB
+// buffer (a 3-stage ring makes room), which store it and do SwiGLU's
+// arithmetic (forward: h from the buffer; backward: dgate and dup from the
+// buffer's dh and gate|up read from memory). SwiGLU's forward then costs
+// almost nothing (bench/speed/NOTES.md, "The epilogue under the main loop",
+// where the schedules measured against this one are).
 #pragma once
 
 #include <cstdint>
@@ -63,7 +61,7 @@ enum class HopperEpilogue {
   // rounded to bf16 (as the pass reading it would) and never written; D (m,
   // 2 n) = [dgate | dup] with dgate = dh * up * silu'(gate), dup = dh *
   // silu(gate) from gate_up = [gate | up]. W transposed (k, n) only (down's
-  // weight as stored), n a multiple of 8; hidden-epilogue builds only.
+  // weight as stored), n a multiple of 8.
   kSwiGluBackward,
 };
 
@@ -72,10 +70,6 @@ enum class HopperEpilogue {
 // at least one of its output tiles for each SM (it splits no product along k,
 // so a smaller product leaves SMs idle).
 [[nodiscard]] bool HopperGemmSuits(int64_t m, int64_t n, int64_t k);
-
-// Whether this build's schedule has the epilogue (SwiGLU's backward needs
-// the hidden epilogue's warps).
-[[nodiscard]] bool HopperGemmHas(HopperEpilogue epilogue);
 
 // The kernel's compile-time settings (hopper_gemm.cu's HG_*),
 // for a measurement's log: "stages 4, group 16, ...".
