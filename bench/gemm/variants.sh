@@ -9,14 +9,15 @@
 #
 # Environment (all optional):
 #   VARIANTS   space-separated NAME:FLAGS, FLAGS comma-separated -D options (empty: the defaults); default:
-#              SwiGLU's backward epilogue four ways (units in flight, by TMA, each with and without L2 prefetch)
+#              SwiGLU's backward epilogue five ways: as first measured (2 units a thread in flight, accurate
+#              sigmoid), then with the fast sigmoid: 4 units, by TMA, each with and without L2 prefetch
 #   CASES      ;-separated case names (or parts of names) for the energy mode; default: SwiGLU's backward
 #   CHECK_TIMEOUT_S=120 ENERGY_TIMEOUT_S=90   a hung variant is killed, the others still run
 #   OUT        logs go there (default /tmp/gemm-variants); the verdict lines are printed
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
-variants=${VARIANTS:-"units4: units4-prefetch:-DHG_BACKWARD_PREFETCH=1 tma:-DHG_BACKWARD_TMA=1 \
-tma-prefetch:-DHG_BACKWARD_TMA=1,-DHG_BACKWARD_PREFETCH=1"}
+variants=${VARIANTS:-"units2-accurate:-DHG_BACKWARD_UNITS=2,-DHG_FAST_SILU=0 units4: \
+units4-prefetch:-DHG_BACKWARD_PREFETCH=1 tma:-DHG_BACKWARD_TMA=1 tma-prefetch:-DHG_BACKWARD_TMA=1,-DHG_BACKWARD_PREFETCH=1"}
 cases=${CASES:-"dh of down with SwiGLU backward (W^T)"}
 out=${OUT:-/tmp/gemm-variants}
 mkdir -p "$out"

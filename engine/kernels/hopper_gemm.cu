@@ -45,9 +45,9 @@
 #define HG_STMATRIX 1  // the epilogue's chunks written by stmatrix (0: a 4-byte store an element pair)
 #endif
 #ifndef HG_FAST_SILU
-// SiLU in the SwiGLU epilogue: 1 g * rcp.approx(1 + ex2.approx(-g log2 e))
-// (two MUFU operations); 2 g/2 * (1 + tanh.approx(g/2)) (one); 0 expf and a
-// division (accurate).
+// SiLU in the SwiGLU epilogue (and the sigmoid in its backward's): 1 g *
+// rcp.approx(1 + ex2.approx(-g log2 e)) (two MUFU operations); 2 g/2 * (1 +
+// tanh.approx(g/2)) (one); 0 expf and a division (accurate).
 #define HG_FAST_SILU 1
 #endif
 
@@ -244,6 +244,19 @@ __device__ __forceinline__ float Silu(float g) {
 #endif
 }
 
+// sigmoid(g) for SwiGLU's backward, by the same instructions as Silu's.
+[[maybe_unused]] __device__ __forceinline__ float Sigmoid(float g) {
+#if HG_FAST_SILU == 2
+  float t;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(t) : "f"(0.5f * g));
+  return 0.5f * (1.0f + t);
+#elif HG_FAST_SILU
+  return __fdividef(1.0f, 1.0f + __expf(-g));
+#else
+  return 1.0f / (1.0f + expf(-g));
+#endif
+}
+
 __device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&v);
@@ -308,9 +321,10 @@ struct GemmMaps {
   int m, n;
 };
 
-// SwiGLU's backward on 8 elements (16 bytes of each operand), as the engine's
-// pass computes it (engine/kernels/swiglu.cu: accurate expf, each result
-// rounded once): dgate = dh up s (1 + g (1 - s)), dup = dh g s, s = sigmoid(g).
+// SwiGLU's backward on 8 elements (16 bytes of each operand), the engine's
+// pass's formula (engine/kernels/swiglu.cu, each result rounded once; the
+// sigmoid as HG_FAST_SILU takes it): dgate = dh up s (1 + g (1 - s)),
+// dup = dh g s, s = sigmoid(g).
 [[maybe_unused]] __device__ __forceinline__ void SwiGluBackward8(const uint4& dh, const uint4& gate, const uint4& up,
                                                                 uint4& dgate, uint4& dup) {
   const auto* d2 = reinterpret_cast<const __nv_bfloat162*>(&dh);
@@ -321,7 +335,7 @@ struct GemmMaps {
 #pragma unroll
   for (int e = 0; e < 4; ++e) {
     const float2 d = __bfloat1622float2(d2[e]), g = __bfloat1622float2(g2[e]), u = __bfloat1622float2(u2[e]);
-    const float sx = 1.f / (1.f + expf(-g.x)), sy = 1.f / (1.f + expf(-g.y));
+    const float sx = Sigmoid(g.x), sy = Sigmoid(g.y);
     du2[e] = PackBf16(d.x * g.x * sx, d.y * g.y * sy);
     dg2[e] = PackBf16(d.x * u.x * sx * (1.f + g.x * (1.f - sx)), d.y * u.y * sy * (1.f + g.y * (1.f - sy)));
   }
