@@ -15,7 +15,7 @@
 namespace trainerd::engine {
 namespace {
 
-std::atomic<int64_t> runs{0};
+std::atomic<int64_t> forward_runs{0}, backward_runs{0};
 
 std::atomic<int>& Setting() {
   static std::atomic<int> level{[] {
@@ -63,7 +63,7 @@ bool TakesBackward(const torch::Tensor& x, const torch::Tensor& w, const torch::
 }
 
 // D = out (m, n) from x (m, k) and w ((n, k), or (k, n) transposed), on x's
-// device and current stream; counted in the runs.
+// device and current stream; counted in the epilogue's runs.
 void Launch(kernels::HopperGemmOperands o, kernels::HopperEpilogue epilogue, const torch::Tensor& x,
             const torch::Tensor& w, bool w_transposed, const torch::Tensor& out) {
   o.x = x.data_ptr();
@@ -77,7 +77,8 @@ void Launch(kernels::HopperGemmOperands o, kernels::HopperEpilogue epilogue, con
   o.k = x.size(1);
   const std::string error = kernels::HopperGemm(o, epilogue, c10::cuda::getCurrentCUDAStream().stream());
   TORCH_CHECK(error.empty(), error);
-  runs.fetch_add(1, std::memory_order_relaxed);
+  (epilogue == kernels::HopperEpilogue::kSwiGluBackward ? backward_runs : forward_runs)
+      .fetch_add(1, std::memory_order_relaxed);
 }
 #endif
 
@@ -134,6 +135,6 @@ void SetSwiGluGemm(int level) { Setting().store(level); }
 
 int SwiGluGemmLevel() { return Setting().load(std::memory_order_relaxed); }
 
-int64_t SwiGluGemmRuns() { return runs.load(); }
+SwiGluGemmCounts SwiGluGemmRuns() { return {forward_runs.load(), backward_runs.load()}; }
 
 }  // namespace trainerd::engine

@@ -55,8 +55,12 @@ torch::Tensor DownInputGradientWithSwiGlu(const torch::Tensor& x, const torch::T
 void SetSwiGluGemm(int level);
 int SwiGluGemmLevel();
 
-// Products the GEMM of our own has run in this process, both kinds (tests
-// count them).
-int64_t SwiGluGemmRuns();
+// Products the GEMM of our own has run in this process, by kind: launches
+// from the host (a CUDA graph's capture counts, its replays do not).
+struct SwiGluGemmCounts {
+  int64_t forward = 0;   // GateUpWithSwiGlu
+  int64_t backward = 0;  // DownInputGradientWithSwiGlu
+};
+SwiGluGemmCounts SwiGluGemmRuns();
 
 }  // namespace trainerd::engine

@@ -130,15 +130,16 @@ TEST(SwiGluGemm, SameAsSwiGlusOwnPass) {
     GateUp gate_up(s.in, s.f);
     const torch::Tensor p = torch::randn({s.tokens, s.in}, opts);
     bool made_with = false, made_without = false;
-    const int64_t runs_before = engine::SwiGluGemmRuns();
+    const engine::SwiGluGemmCounts before = engine::SwiGluGemmRuns();
     torch::manual_seed(17);
     const std::vector<torch::Tensor> with = gate_up.Run(p, s.spare, /*on=*/true, &made_with);
-    const int64_t runs = engine::SwiGluGemmRuns() - runs_before;
+    const engine::SwiGluGemmCounts after = engine::SwiGluGemmRuns();
     torch::manual_seed(17);
     const std::vector<torch::Tensor> without = gate_up.Run(p, s.spare, /*on=*/false, &made_without);
     const bool expected = Expected(s.tokens, 2 * s.f, gate_up.group.widened.size(1));
     EXPECT_EQ(made_with, expected) << s.tokens << " x " << 2 * s.f;
-    EXPECT_EQ(runs, expected ? 1 : 0);
+    EXPECT_EQ(after.forward - before.forward, expected ? 1 : 0);
+    EXPECT_EQ(after.backward, before.backward);
     EXPECT_FALSE(made_without) << "switched off, SwiGLU is its own pass";
     testing::Report("SwiGLU made by gate|up's GEMM (" + std::to_string(s.tokens) + " tokens)", made_with ? 1 : 0);
     ASSERT_EQ(with.size(), without.size());
@@ -154,17 +155,17 @@ TEST(SwiGluGemm, SameAsSwiGlusOwnPass) {
 TEST(SwiGluGemm, DeclinesWhatItShould) {
   const auto opts = torch::TensorOptions().dtype(TorchTestDtype()).device(TorchTestDevice());
   engine::SetSwiGluGemm(1);
-  const int64_t runs_before = engine::SwiGluGemmRuns();
+  const int64_t runs_before = engine::SwiGluGemmRuns().forward;
   torch::Tensor h;
   const torch::Tensor small_x = torch::randn({256, 512}, opts), small_w = torch::randn({1024, 512}, opts);
   EXPECT_FALSE(engine::GateUpWithSwiGlu(small_x, small_w, 8, &h).defined());
   EXPECT_FALSE(h.defined());
   const torch::Tensor x = torch::randn({4224, 1024}, opts), w = torch::randn({4096, 1024}, opts) * 0.03;
   EXPECT_FALSE(engine::GateUpWithSwiGlu(x, w, 4, &h).defined()) << "spare columns not a multiple of 8";
-  EXPECT_EQ(engine::SwiGluGemmRuns(), runs_before);
+  EXPECT_EQ(engine::SwiGluGemmRuns().forward, runs_before);
   const torch::Tensor gate_up = engine::GateUpWithSwiGlu(x, w, 8, &h);
   EXPECT_EQ(gate_up.defined(), Expected(4224, 4096, 1024));
-  EXPECT_EQ(engine::SwiGluGemmRuns() - runs_before, Expected(4224, 4096, 1024) ? 1 : 0);
+  EXPECT_EQ(engine::SwiGluGemmRuns().forward - runs_before, Expected(4224, 4096, 1024) ? 1 : 0);
   if (gate_up.defined()) {
     // Against cuBLAS and the SwiGLU pass directly.
     const torch::Tensor reference = torch::mm(x, w.t());
@@ -195,7 +196,7 @@ TEST(SwiGluGemm, DownInputGradientMatchesCublasAndTheKernel) {
   engine::SetSwiGluGemm(1);
   const torch::Tensor at_level_1 = engine::DownInputGradientWithSwiGlu(x, w, gate, up);
   engine::SetSwiGluGemm(2);
-  const int64_t runs_before = engine::SwiGluGemmRuns();
+  const engine::SwiGluGemmCounts before = engine::SwiGluGemmRuns();
   const torch::Tensor grads = engine::DownInputGradientWithSwiGlu(x, w, gate, up);
   const torch::Tensor apart = engine::DownInputGradientWithSwiGlu(x, w, gate.contiguous(), up.contiguous());
   engine::SetSwiGluGemm(0);
@@ -203,7 +204,9 @@ TEST(SwiGluGemm, DownInputGradientMatchesCublasAndTheKernel) {
   const bool expected = Expected(tokens, f, k);
   EXPECT_EQ(grads.defined(), expected);
   EXPECT_FALSE(apart.defined()) << "gate and up in buffers of their own";
-  EXPECT_EQ(engine::SwiGluGemmRuns() - runs_before, expected ? 1 : 0);
+  const engine::SwiGluGemmCounts after = engine::SwiGluGemmRuns();
+  EXPECT_EQ(after.backward - before.backward, expected ? 1 : 0);
+  EXPECT_EQ(after.forward, before.forward);
   testing::Report("SwiGLU's backward made by down's GEMM", grads.defined() ? 1 : 0);
   if (grads.defined()) {
     const auto [dgate, dup] = engine::SwiGluGradients(torch::mm(x, w), gate, up);
