@@ -5,13 +5,17 @@
 // input-gradient GEMM gives SwiGLU's gradients. The GEMM of our own takes
 // exactly the products it should: bf16 on a Hopper GPU, shapes that fill the
 // SMs, the setting on; none in float32, none on the CPU, none switched off.
-// (The model with SwiGLU's backward in down's node: speed_paths_test's
-// SwiGluInDown.)
+// A model whose MLPs the GEMM takes trains the same at every level (on the
+// GPU). (The model with SwiGLU's backward in down's node, on any device:
+// speed_paths_test's SwiGluInDown.)
 // Its results against cuBLAS and the SwiGLU kernel are the point on the GPU
 // (TRAINERD_TEST_DEVICE=cuda TRAINERD_TEST_DTYPE=bfloat16 on an H100/H200); on
 // the CPU (CI) the fall-back's plumbing is what runs.
 #include "engine/swiglu_gemm.h"
 
+#include <algorithm>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -24,9 +28,13 @@
 #include "engine/kernels/hopper_gemm.h"
 #endif
 
+#include "engine/batch.h"
 #include "engine/fused_ops.h"
 #include "engine/linear.h"
 #include "engine/linear_group.h"
+#include "engine/llama_model.h"
+#include "engine/lora.h"
+#include "engine/model_config.h"
 #include "tests/engine/test_support.h"
 #include "tests/engine/wide_rows.h"
 
@@ -212,6 +220,119 @@ TEST(SwiGluGemm, DownInputGradientMatchesCublasAndTheKernel) {
     const auto [dgate, dup] = engine::SwiGluGradients(torch::mm(x, w), gate, up);
     EXPECT_LE(RelativeError(grads.narrow(1, 0, f), dgate), 1e-2);
     EXPECT_LE(RelativeError(grads.narrow(1, f, f), dup), 1e-2);
+  }
+}
+
+// A llama of random weights at sizes where the GEMM of our own takes its
+// MLPs' products on an H100 or H200: the fixture's config with hidden 512,
+// MLP 2048, 8 heads of 64 (2 kv heads), 2 layers; LoRA r 16 on every
+// projection, B random so that every adapter's gradient path counts.
+std::unique_ptr<engine::LlamaModel> HopperSizedModel() {
+  auto base = engine::LoadModelConfig(testing::Fixture("llama/model"));
+  EXPECT_TRUE(base.ok());
+  nlohmann::json j = base->raw;
+  const int64_t hidden = 512, f = 2048, heads = 8, kv_heads = 2, d = 64, layers = 2;
+  j["hidden_size"] = hidden;
+  j["intermediate_size"] = f;
+  j["num_attention_heads"] = heads;
+  j["num_key_value_heads"] = kv_heads;
+  j["head_dim"] = d;
+  j["num_hidden_layers"] = layers;
+  j["max_position_embeddings"] = 4096;
+  auto config = engine::ParseModelConfig(j, "the fixture's config at hidden 512");
+  EXPECT_TRUE(config.ok());
+  const auto opts = torch::TensorOptions().dtype(TorchTestDtype()).device(TorchTestDevice());
+  torch::manual_seed(23);
+  auto normal = [&](int64_t rows, int64_t cols) { return torch::randn({rows, cols}, opts) * 0.02; };
+  const int64_t vocab = config->vocab_size;
+  std::map<std::string, torch::Tensor> w;
+  w["model.embed_tokens.weight"] = normal(vocab, hidden);
+  for (int64_t i = 0; i < layers; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    w[p + "input_layernorm.weight"] = torch::ones({hidden}, opts);
+    w[p + "post_attention_layernorm.weight"] = torch::ones({hidden}, opts);
+    w[p + "self_attn.q_proj.weight"] = normal(heads * d, hidden);
+    w[p + "self_attn.k_proj.weight"] = normal(kv_heads * d, hidden);
+    w[p + "self_attn.v_proj.weight"] = normal(kv_heads * d, hidden);
+    w[p + "self_attn.o_proj.weight"] = normal(hidden, heads * d);
+    w[p + "mlp.gate_proj.weight"] = normal(f, hidden);
+    w[p + "mlp.up_proj.weight"] = normal(f, hidden);
+    w[p + "mlp.down_proj.weight"] = normal(hidden, f);
+  }
+  w["model.norm.weight"] = torch::ones({hidden}, opts);
+  w["lm_head.weight"] = normal(vocab, hidden);
+  auto model = engine::LlamaModel::FromWeights(*config, std::move(w), "random weights");
+  EXPECT_TRUE(model.ok()) << model.status().message();
+  engine::LoraSettings lora;
+  lora.r = 16;
+  lora.alpha = 32;
+  lora.target_modules = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+  engine::AttachLora(**model, lora);
+  torch::NoGradGuard no_grad;
+  for (auto& [name, t] : engine::LoraNamedParameters(**model)) {
+    if (name.find("lora_B") != std::string::npos) t.normal_(0, 0.02);
+  }
+  return std::move(*model);
+}
+
+// The model above at levels 0, 1 and 2 on two rows of 2048 tokens: at 1 and
+// 2 the GEMM takes each layer's gate|up product (and at 2 down's input
+// gradient) exactly once, and the loss and every adapter gradient are level
+// 0's within bf16's tolerances. Only where the GEMM takes these products
+// (bf16 on a Hopper GPU): elsewhere nothing here would run it.
+TEST(SwiGluGemm, ModelTrainsAsWithoutItAtEveryLevel) {
+  const int64_t tokens = 2 * 2048;
+  if (!Expected(tokens, 2 * 2048, 512) || !Expected(tokens, 2048, 512)) {
+    GTEST_SKIP() << "the GEMM takes no product here (it needs bf16 on a Hopper GPU)";
+  }
+  auto model = HopperSizedModel();
+  model->set_training(true);
+  std::vector<engine::TokenExample> storage(2);
+  torch::manual_seed(29);
+  for (engine::TokenExample& ex : storage) {
+    const torch::Tensor ids = torch::randint(0, model->config().vocab_size, {2048}, torch::kInt64);
+    ex.input_ids.assign(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + 2048);
+    ex.labels = ex.input_ids;
+  }
+  const engine::Batch batch = engine::MakeBatch({&storage[0], &storage[1]}, model->device());
+  struct Result {
+    torch::Tensor loss;
+    std::vector<torch::Tensor> grads;
+    int64_t forward = 0, backward = 0;
+  };
+  auto run = [&](int level) {
+    engine::SetSwiGluGemm(level);
+    for (const auto& [_, t] : engine::LoraNamedParameters(*model)) t.mutable_grad() = torch::Tensor();
+    const engine::SwiGluGemmCounts before = engine::SwiGluGemmRuns();
+    Result r;
+    r.loss = engine::CausalLmLossSum(*model, batch);
+    r.loss.backward();
+    const engine::SwiGluGemmCounts after = engine::SwiGluGemmRuns();
+    engine::SetSwiGluGemm(0);
+    r.forward = after.forward - before.forward;
+    r.backward = after.backward - before.backward;
+    for (const auto& [_, t] : engine::LoraNamedParameters(*model)) r.grads.push_back(t.grad().detach().clone());
+    r.loss = r.loss.detach();
+    return r;
+  };
+  const Result plain = run(0);
+  EXPECT_EQ(plain.forward + plain.backward, 0);
+  for (int level : {1, 2}) {
+    SCOPED_TRACE("level " + std::to_string(level));
+    const Result fused = run(level);
+    EXPECT_EQ(fused.forward, 2) << "gate|up of each layer";
+    EXPECT_EQ(fused.backward, level == 2 ? 2 : 0) << "down's input gradient of each layer";
+    EXPECT_LE(testing::Report("level " + std::to_string(level) + ": the loss against level 0's",
+                              RelativeError(fused.loss, plain.loss)),
+              testing::TestTolerances().loss);
+    ASSERT_EQ(fused.grads.size(), plain.grads.size());
+    double worst = 0;
+    for (size_t i = 0; i < plain.grads.size(); ++i) {
+      const double e = RelativeError(fused.grads[i], plain.grads[i]);
+      worst = std::max(worst, e);
+      EXPECT_LE(e, testing::TestTolerances().loss * 10) << "adapter tensor " << i;
+    }
+    testing::Report("level " + std::to_string(level) + ": the worst adapter gradient against level 0's", worst);
   }
 }
 
