@@ -359,8 +359,13 @@ for r in $rows; do
         settings="micro-batch $t_mb"
         [ "$t_accum" -gt 1 ] && settings="$t_accum micro-batches of $t_mb"
         [ -n "$TRAINERD_EXTRA_YAML" ] && settings="$settings; $(printf '%s' "$TRAINERD_EXTRA_YAML" | sed ':a;N;$!ba;s/\n/, /g')"
-        # SwiGLU in the MLP's GEMMs (engine/swiglu_gemm.h), when asked for: the table says so.
-        case ${TRAINERD_HOPPER_GEMM:-0} in 1 | 2) settings="$settings; TRAINERD_HOPPER_GEMM=$TRAINERD_HOPPER_GEMM" ;; esac
+        # SwiGLU in the MLP's GEMMs (engine/swiglu_gemm.h), when asked for: the table says so, and how
+        # many products the GEMM took in the first step (the worker's note; it declines shapes it does not suit).
+        case ${TRAINERD_HOPPER_GEMM:-0} in 1 | 2)
+          taken=$(sed -n "s/.*the first step ran SwiGLU's forward in \([0-9]*\) gate|up products\( and its backward in \([0-9]*\) down products\)\{0,1\} of the Hopper GEMM.*/\1 gate|up\2/p" "$base.log" |
+                  sed 's/ and its backward in \([0-9]*\) down products/ and \1 down/' | head -1)
+          settings="$settings; TRAINERD_HOPPER_GEMM=$TRAINERD_HOPPER_GEMM (first step: ${taken:-no note of} products on it)" ;;
+        esac
         [ "$profile" = 1 ] && [ "$rc" = 0 ] && profile_row "$r" "$base"
       fi
     else
