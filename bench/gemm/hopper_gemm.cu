@@ -495,6 +495,8 @@ void Energy(const Case& c, const Nvml& nvml) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A line at a time, also into a file: a run cut short by a timeout still shows where it was.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   const std::string what = argc > 1 ? argv[1] : "all";
   const std::string only = argc > 2 ? argv[2] : "";  // time or energy: the case of this name, else those holding it
   cudaDeviceProp prop;

@@ -57,6 +57,9 @@ namespace {
 constexpr int kBlockM = 128, kBlockN = 256, kBlockK = 64;
 constexpr int kStages = HG_STAGES;
 constexpr int kThreads = 384;  // producer warpgroup + two consumer warpgroups
+// Registers a thread at launch: one block of kThreads an SM (__launch_bounds__),
+// 65,536 / 384 rounded down to the allocation's multiple of 8 (ptxas -v: 168).
+constexpr int kLaunchRegisters = 65536 / kThreads / 8 * 8;
 constexpr int kChunk = 64;     // epilogue chunk: 64 rows x 64 columns
 constexpr int kABytes = kBlockM * kBlockK * 2;    // 16 KB
 constexpr int kBBytes = kBlockN * kBlockK * 2;    // 32 KB
@@ -346,10 +349,15 @@ __global__ void __launch_bounds__(kThreads, 1) GemmKernel(const __grid_constant_
   static_assert(!(kWTransposed && kEpilogue == HopperEpilogue::kSwiGlu), "SwiGLU takes W as stored");
   static_assert(kEpilogue != HopperEpilogue::kSwiGluBackward || kWTransposed, "SwiGLU's backward takes W transposed");
   constexpr bool kBackward = kEpilogue == HopperEpilogue::kSwiGluBackward;
-  // The backward's epilogue warps hold HG_BACKWARD_UNITS units' operands in flight.
+  // setmaxnreg moves registers between the block's own warpgroups: what the
+  // producer gives up is all the consumers can take, out of the launch's
+  // kLaunchRegisters a thread (not the SM's 65,536: a split that needs more
+  // leaves the consumers waiting in setmaxnreg.inc for ever). The backward's
+  // epilogue warps hold HG_BACKWARD_UNITS units' operands in flight.
   constexpr int kProducerRegisters = kBackward ? (HG_BACKWARD_UNITS > 2 ? 112 : 72) : 40;
-  constexpr int kConsumerRegisters = kBackward ? (HG_BACKWARD_UNITS > 2 ? 200 : 216) : 232;
-  static_assert(128 * kProducerRegisters + 256 * kConsumerRegisters <= 65536, "registers over the SM's");
+  constexpr int kConsumerRegisters = kBackward ? (HG_BACKWARD_UNITS > 2 ? 192 : 216) : 232;
+  static_assert(128 * kProducerRegisters + 256 * kConsumerRegisters <= kThreads * kLaunchRegisters,
+                "the warpgroups' registers over the launch's");
   extern __shared__ uint8_t raw_smem[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw_smem) + 1023) & ~uintptr_t{1023});
   uint8_t* a_smem = smem;
