@@ -19,6 +19,9 @@ b=/tmp/b
   python3 -c 'import torch,transformers,peft;print("torch",torch.__version__,"transformers",transformers.__version__,"peft",peft.__version__)'
 } 2>&1 | tee "$out/versions.txt"
 quick=${QUICK:-0}
+# Each CUDA suite under a time limit (TEST_TIMEOUT_S, default 300 s): a kernel that hangs is killed and
+# reported (rc 124) instead of holding the device call to its end.
+limited() { timeout --kill-after=10 "${TEST_TIMEOUT_S:-300}" "$@"; }
 targets=()
 [ "$quick" = 1 ] && targets=(--target parity_test packing_test fused_ops_test speed_paths_test step_graph_test
   lora_dropout_test swiglu_gemm_test)
@@ -33,22 +36,25 @@ fi
 for dtype in float32 bfloat16; do
   echo "== parity on cuda, $dtype"
   TRAINERD_TEST_DEVICE=cuda TRAINERD_TEST_DTYPE=$dtype TRAINERD_PEFT_CHECK_DIR=/tmp/peft-$dtype \
-    $b/tests/engine/parity_test 2>&1 | tee "$out/parity-cuda-$dtype.log" | grep -E 'figure|FAILED|PASSED'
+    limited $b/tests/engine/parity_test 2>&1 | tee "$out/parity-cuda-$dtype.log" | grep -E 'figure|FAILED|PASSED'
   echo "== packing on cuda, $dtype (bfloat16: variable-length flash attention)"
   TRAINERD_TEST_DEVICE=cuda TRAINERD_TEST_DTYPE=$dtype \
-    $b/tests/engine/packing_test 2>&1 | tee "$out/packing-cuda-$dtype.log" | grep -E 'figure|FAILED|PASSED'
+    limited $b/tests/engine/packing_test 2>&1 | tee "$out/packing-cuda-$dtype.log" | grep -E 'figure|FAILED|PASSED'
 done
 echo "== the fused kernels and the speed paths on cuda (bfloat16 and float32), then under compute-sanitizer"
-TRAINERD_TEST_DEVICE=cuda $b/tests/engine/fused_ops_test > "$out/fused-ops-cuda.log" 2>&1; echo "fused_ops_test rc $?"
+TRAINERD_TEST_DEVICE=cuda limited $b/tests/engine/fused_ops_test > "$out/fused-ops-cuda.log" 2>&1
+echo "fused_ops_test rc $?"
 for dtype in bfloat16 float32; do
-  TRAINERD_TEST_DEVICE=cuda TRAINERD_TEST_DTYPE=$dtype $b/tests/engine/speed_paths_test > "$out/speed-paths-cuda-$dtype.log" 2>&1
+  TRAINERD_TEST_DEVICE=cuda TRAINERD_TEST_DTYPE=$dtype limited $b/tests/engine/speed_paths_test \
+    > "$out/speed-paths-cuda-$dtype.log" 2>&1
   echo "speed_paths_test $dtype rc $?"
-  TRAINERD_TEST_DEVICE=cuda TRAINERD_TEST_DTYPE=$dtype $b/tests/engine/step_graph_test > "$out/step-graph-cuda-$dtype.log" 2>&1
+  TRAINERD_TEST_DEVICE=cuda TRAINERD_TEST_DTYPE=$dtype limited $b/tests/engine/step_graph_test \
+    > "$out/step-graph-cuda-$dtype.log" 2>&1
   echo "step_graph_test $dtype rc $?"
-  TRAINERD_TEST_DEVICE=cuda TRAINERD_TEST_DTYPE=$dtype $b/tests/engine/lora_dropout_test \
+  TRAINERD_TEST_DEVICE=cuda TRAINERD_TEST_DTYPE=$dtype limited $b/tests/engine/lora_dropout_test \
     > "$out/lora-dropout-cuda-$dtype.log" 2>&1
   echo "lora_dropout_test $dtype rc $?"
-  TRAINERD_TEST_DEVICE=cuda TRAINERD_TEST_DTYPE=$dtype $b/tests/engine/swiglu_gemm_test \
+  TRAINERD_TEST_DEVICE=cuda TRAINERD_TEST_DTYPE=$dtype limited $b/tests/engine/swiglu_gemm_test \
     > "$out/swiglu-gemm-cuda-$dtype.log" 2>&1
   echo "swiglu_gemm_test $dtype rc $?"
 done
