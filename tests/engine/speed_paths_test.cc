@@ -147,12 +147,6 @@ TEST(ActivationCheckpointing, SameLossAndGradientsWithDropout) {
   EXPECT_GT(std::abs(plain_loss[0.3] - plain_loss[0.0]), 0.005 * std::abs(plain_loss[0.0]));
 }
 
-// SwiGLU's backward taken into down's node (engine/swiglu_gemm.h, level 2):
-// the loss and adapter gradients of SwiGLU's own node, with LoRA dropout
-// (down's dropout terms go into dh before SwiGLU's backward) and with every
-// layer or only the first recomputed (the kept layers' down makes h again
-// from gate and up). On the CPU and at the fixture's sizes the GEMM of our
-// own takes nothing: this is the graph's plumbing and SwiGluGradients.
 // Nodes of loss's autograd graph whose name holds SiLU's or SwiGLU's (the
 // CPU's SiluBackward, the kernel's SwiGluFunction node).
 int SwiGluNodes(const torch::Tensor& loss) {
@@ -170,6 +164,12 @@ int SwiGluNodes(const torch::Tensor& loss) {
   return found;
 }
 
+// SwiGLU's backward taken into down's node (engine/swiglu_gemm.h, level 2):
+// the loss and adapter gradients of SwiGLU's own node, with LoRA dropout
+// (down's dropout terms go into dh before SwiGLU's backward) and with every
+// layer or only the first recomputed (the kept layers' down makes h again
+// from gate and up). On the CPU and at the fixture's sizes the GEMM of our
+// own takes nothing: this is the graph's plumbing and SwiGluGradients.
 TEST(SwiGluInDown, SameLossAndGradientsAsSwiGlusOwnNode) {
   for (auto [dropout, layers] : {std::pair<double, int64_t>{0.0, -1}, {0.0, 0}, {0.0, 1}, {0.3, -1}, {0.3, 1}}) {
     SCOPED_TRACE("dropout " + std::to_string(dropout) + ", checkpointed layers " + std::to_string(layers) +
