@@ -1,6 +1,7 @@
 // Checks the Hopper GEMM (engine/kernels/hopper_gemm.h: D = X W^T in bf16
-// with float32 accumulation, W as stored or transposed, SwiGLU's forward as
-// an optional epilogue) against cuBLAS and float64, and times it beside
+// with float32 accumulation, W as stored or transposed, SwiGLU's forward or
+// backward or the rotary embedding as an optional epilogue) against cuBLAS
+// (and the pass each epilogue replaces) and float64, and times it beside
 // cuBLAS at the 8b row's shapes. The question it answers (bench/speed/NOTES.md,
 // "SwiGLU inside the GEMMs"): does a kernel of ours run these GEMMs as fast as
 // cuBLAS, so that the SwiGLU passes can move into its epilogues?
@@ -98,11 +99,47 @@ __global__ void SwiGluBackwardPass(const __nv_bfloat16* dh, const __nv_bfloat16*
   *reinterpret_cast<uint4*>(grad + row * 2 * f + f + col) = *reinterpret_cast<const uint4*>(du);
 }
 
+// The rotary embedding after q|k|v = X W^T (M, N), as the engine's pass does
+// it (engine/kernels/rope.cu: cos and sin of position * inv_freq rounded to
+// bf16; q's and k's heads rotated, v's copied, into a new (M, N) tensor):
+// the pass the rotary epilogue replaces. Heads of 128 columns; a thread
+// takes 8 elements of a head's first half and their partners.
+__global__ void RopePass(const __nv_bfloat16* d, __nv_bfloat16* out, const int64_t* positions,
+                         const float* inv_freq, int64_t m, int64_t n, int64_t rotate_columns) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;  // (row, head, unit of 8)
+  if (i >= m * (n / 128) * 8) return;
+  const int64_t row = i / ((n / 128) * 8), head = (i / 8) % (n / 128);
+  const int i0 = static_cast<int>(i % 8) * 8;
+  const int64_t lo = row * n + head * 128 + i0;
+  __nv_bfloat16 a[8], b[8];
+  *reinterpret_cast<uint4*>(a) = *reinterpret_cast<const uint4*>(d + lo);
+  *reinterpret_cast<uint4*>(b) = *reinterpret_cast<const uint4*>(d + lo + 64);
+  if (head * 128 < rotate_columns) {
+    const float p = static_cast<float>(positions[row]);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const float f = p * inv_freq[i0 + e];
+      const float c = __bfloat162float(__float2bfloat16_rn(cosf(f)));
+      const float sn = __bfloat162float(__float2bfloat16_rn(sinf(f)));
+      const float x = __bfloat162float(a[e]), y = __bfloat162float(b[e]);
+      a[e] = __float2bfloat16_rn(x * c - y * sn);
+      b[e] = __float2bfloat16_rn(y * c + x * sn);
+    }
+  }
+  *reinterpret_cast<uint4*>(out + lo) = *reinterpret_cast<const uint4*>(a);
+  *reinterpret_cast<uint4*>(out + lo + 64) = *reinterpret_cast<const uint4*>(b);
+}
+
 struct Buffers {
   __nv_bfloat16 *x = nullptr, *w = nullptr, *d = nullptr, *h = nullptr, *d_ref = nullptr, *h_ref = nullptr;
   // SwiGLU's backward: the forward's [gate | up] and the pass's [dgate | dup],
   // (M, 2N); D, ours, is (M, 2N) too, and d_ref cuBLAS's dh (M, N).
   __nv_bfloat16 *gate_up = nullptr, *grad_ref = nullptr;
+  // Rotary: each row's position (row % 2048, the 8b row's sequences), the
+  // 64 frequencies of llama3's theta 500,000, and the pass's output (M, N).
+  int64_t* positions = nullptr;
+  float* inv_freq = nullptr;
+  __nv_bfloat16* rope_ref = nullptr;
   std::vector<__nv_bfloat16> host_x, host_w;
 };
 
@@ -157,13 +194,26 @@ Buffers Allocate(int m, int n, int k, HopperEpilogue epilogue, uint32_t seed, bo
     CHECK_CUDA(cudaMalloc(&b.h, static_cast<size_t>(m) * (n / 2) * 2));
     CHECK_CUDA(cudaMalloc(&b.h_ref, static_cast<size_t>(m) * (n / 2) * 2));
   }
+  if (epilogue == HopperEpilogue::kRope) {
+    std::vector<int64_t> positions(m);
+    for (int i = 0; i < m; ++i) positions[i] = i % 2048;
+    std::vector<float> inv_freq(64);
+    for (int i = 0; i < 64; ++i) inv_freq[i] = static_cast<float>(std::pow(500000.0, -i / 64.0));
+    CHECK_CUDA(cudaMalloc(&b.positions, m * sizeof(int64_t)));
+    CHECK_CUDA(cudaMalloc(&b.inv_freq, 64 * sizeof(float)));
+    CHECK_CUDA(cudaMalloc(&b.rope_ref, static_cast<size_t>(m) * n * 2));
+    CHECK_CUDA(cudaMemcpy(b.positions, positions.data(), m * sizeof(int64_t), cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemcpy(b.inv_freq, inv_freq.data(), 64 * sizeof(float), cudaMemcpyHostToDevice));
+  }
   return b;
 }
 
 void Free(Buffers& b) {
-  for (__nv_bfloat16* p : {b.x, b.w, b.d, b.h, b.d_ref, b.h_ref, b.gate_up, b.grad_ref}) {
+  for (__nv_bfloat16* p : {b.x, b.w, b.d, b.h, b.d_ref, b.h_ref, b.gate_up, b.grad_ref, b.rope_ref}) {
     if (p != nullptr) CHECK_CUDA(cudaFree(p));
   }
+  if (b.positions != nullptr) CHECK_CUDA(cudaFree(b.positions));
+  if (b.inv_freq != nullptr) CHECK_CUDA(cudaFree(b.inv_freq));
 }
 
 std::vector<float> Download(const __nv_bfloat16* p, size_t count) {
@@ -229,6 +279,7 @@ struct Case {
   HopperEpilogue epilogue;
   bool w_transposed;  // W handed over as (k, n), to ours and to cuBLAS alike
   int m, n, k;
+  int rotate_columns = 0;  // rotary: q's and k's columns
 };
 
 // One product: ours, or cuBLAS's (plus the SwiGLU pass where the case has it
@@ -268,6 +319,9 @@ struct Contest {
     o.gate_up_stride = 2 * c.n;
     o.h = b.h;
     o.h_stride = c.n / 2;
+    o.positions = b.positions;
+    o.inv_freq = b.inv_freq;
+    o.rotate_columns = c.rotate_columns;
     o.m = c.m;
     o.n = c.n;
     o.k = c.k;
@@ -297,6 +351,13 @@ struct Contest {
   }
 
   void Pass(cudaStream_t stream) {
+    if (c.epilogue == HopperEpilogue::kRope) {
+      const int64_t threads = static_cast<int64_t>(c.m) * (c.n / 128) * 8;
+      RopePass<<<static_cast<unsigned>((threads + 255) / 256), 256, 0, stream>>>(
+          b.d_ref, b.rope_ref, b.positions, b.inv_freq, c.m, c.n, c.rotate_columns);
+      CHECK_CUDA(cudaGetLastError());
+      return;
+    }
     if (c.epilogue == HopperEpilogue::kSwiGlu) {
       SwiGluReference(b.d_ref, b.h_ref, c.m, c.n, stream);
       return;
@@ -308,7 +369,8 @@ struct Contest {
   }
 
   // The contestants timed against each other: ours (0), cuBLAS's GEMM (1)
-  // and, where the case has SwiGLU (forward or backward), the pass after it (2).
+  // and, where the case has an epilogue (SwiGLU's forward or backward, the
+  // rotary), the pass after it (2).
   int Contestants() const { return c.epilogue == HopperEpilogue::kPlain ? 2 : 3; }
   void Launch(int who, cudaStream_t stream) {
     if (who == 0) Ours(stream);
@@ -317,16 +379,22 @@ struct Contest {
   }
 };
 
+// Ours (into D full of NaNs, so that what it leaves unwritten shows),
+// cuBLAS's product and the pass after it, finished.
+void RunContestants(Contest& t, size_t d_count) {
+  CHECK_CUDA(cudaMemset(t.b.d, 0xFF, d_count * 2));
+  t.Ours(nullptr);
+  t.Cublas(nullptr);
+  t.Pass(nullptr);
+  CHECK_CUDA(cudaDeviceSynchronize());
+}
+
 // SwiGLU's backward: ours against cuBLAS's dh and the pass after it (the
 // products themselves are checked by the W^T cases).
 bool CheckBackward(const Case& c) {
   const size_t count = static_cast<size_t>(c.m) * 2 * c.n;
   Contest t(c, /*on_device=*/false);
-  CHECK_CUDA(cudaMemset(t.b.d, 0xFF, count * 2));  // NaNs where nothing is written
-  t.Ours(nullptr);
-  t.Cublas(nullptr);
-  t.Pass(nullptr);
-  CHECK_CUDA(cudaDeviceSynchronize());
+  RunContestants(t, count);
   const Comparison cg = Compare(Download(t.b.d, count), Download(t.b.grad_ref, count));
   const bool ok = !cg.nan && cg.worst_relative < 1e-2 && cg.share_off < 1e-3;
   std::printf("check %-22s %5d x %5d x %5d: dgate|dup worst %.2e of max, %.4f%% off by > 2 ulp%s %s\n", c.name, c.m,
@@ -334,10 +402,40 @@ bool CheckBackward(const Case& c) {
   return ok;
 }
 
+// The rotary epilogue: ours against cuBLAS's product and the pass after it
+// (the product's own rounding is checked by the plain cases), and v's
+// columns, unrotated, against cuBLAS's product alone.
+bool CheckRope(const Case& c) {
+  const size_t count = static_cast<size_t>(c.m) * c.n;
+  Contest t(c, /*on_device=*/false);
+  RunContestants(t, count);
+  const std::vector<float> ours = Download(t.b.d, count);
+  const Comparison cr = Compare(ours, Download(t.b.rope_ref, count));
+  // Rotation moves values between a head's halves: the same comparison over
+  // v's columns alone would not show a rotated v; this does.
+  const std::vector<float> product = Download(t.b.d_ref, count);
+  std::vector<float> ours_v, product_v;
+  for (size_t i = 0; i < count; ++i) {
+    if (static_cast<int>(i % c.n) >= c.rotate_columns) {
+      ours_v.push_back(ours[i]);
+      product_v.push_back(product[i]);
+    }
+  }
+  const Comparison cv = Compare(ours_v, product_v);
+  const bool ok = !cr.nan && cr.worst_relative < 1e-2 && cr.share_off < 1e-3 && cv.worst_relative < 1e-2 &&
+                  cv.share_off < 1e-3;
+  std::printf("check %-22s %5d x %5d x %5d (rotated %d): D worst %.2e of max, %.4f%% off by > 2 ulp%s; "
+              "v's columns %.2e, %.4f%% off %s\n",
+              c.name, c.m, c.n, c.k, c.rotate_columns, cr.worst_relative, 100 * cr.share_off, cr.nan ? ", NaN" : "",
+              cv.worst_relative, 100 * cv.share_off, ok ? "ok" : "FAILED");
+  return ok;
+}
+
 bool Check(const Case& c) {
   const bool swiglu = c.epilogue == HopperEpilogue::kSwiGlu;
   const int m = c.m, n = c.n, k = c.k;
   if (c.epilogue == HopperEpilogue::kSwiGluBackward) return CheckBackward(c);
+  if (c.epilogue == HopperEpilogue::kRope) return CheckRope(c);
   Contest t(c, /*on_device=*/false);
   CHECK_CUDA(cudaMemset(t.b.d, 0xFF, static_cast<size_t>(m) * n * 2));  // NaNs where nothing is written
   if (swiglu) CHECK_CUDA(cudaMemset(t.b.h, 0xFF, static_cast<size_t>(m) * (n / 2) * 2));
@@ -504,7 +602,7 @@ int main(int argc, char** argv) {
   std::printf("%s, %d SMs, sm_%d%d; kernel: %s\n", prop.name, prop.multiProcessorCount, prop.major, prop.minor,
               trainerd::kernels::HopperGemmBuild().c_str());
   constexpr HopperEpilogue kPlain = HopperEpilogue::kPlain, kSwiGlu = HopperEpilogue::kSwiGlu,
-                           kBackward = HopperEpilogue::kSwiGluBackward;
+                           kBackward = HopperEpilogue::kSwiGluBackward, kRope = HopperEpilogue::kRope;
   bool ok = true;
   if (what == "all" || what == "check") {
     // Tails in every dimension (M, N not tile multiples; K not a k-slice
@@ -519,6 +617,9 @@ int main(int argc, char** argv) {
         {"swiglu", kSwiGlu, false, 1000, 2 * 520, 1000}, {"swiglu", kSwiGlu, false, 2048, 2 * 3584, 4128},
         {"swiglu backward", kBackward, true, 256, 256, 64}, {"swiglu backward", kBackward, true, 1000, 1000, 1000},
         {"swiglu backward", kBackward, true, 129, 264, 4096}, {"swiglu backward", kBackward, true, 2048, 3584, 1040},
+        // Rotary: rows past 2048 (positions wrap), a row tail, a rotated
+        // region ending inside a tile (a head of q|k then one of v), none of v.
+        {"rope", kRope, false, 2100, 768, 4128, 640}, {"rope", kRope, false, 300, 384, 256, 384},
     };
     for (const Case& c : checks) ok = Check(c) && ok;
   }
@@ -533,6 +634,7 @@ int main(int argc, char** argv) {
     // K by 32 and the backward's by 16).
     const Case timings[] = {
         {"q|k|v", kPlain, false, 8192, 6144, 4128},
+        {"q|k|v with rotary", kRope, false, 8192, 6144, 4128, 5120},
         {"gate|up", kPlain, false, 8192, 28672, 4128},
         {"gate|up with SwiGLU", kSwiGlu, false, 8192, 28672, 4128},
         {"down", kPlain, false, 8192, 4096, 14352},

@@ -322,7 +322,35 @@ struct GemmMaps {
   __nv_bfloat16* grad;
   int64_t gate_up_stride, grad_stride;
   int m, n;
+  // Rotary: each row's position, a head's 64 frequencies, D's rotated columns.
+  const int64_t* positions;
+  const float* inv_freq;
+  int rotate_columns;
 };
+
+// The rotary embedding over one 16-byte unit of a head's first half (a: 8
+// elements, columns i0 .. i0 + 7 of the head) and the matching unit of its
+// second half (b), in place: the rotary kernel's formula (rope.cu), cos and
+// sin rounded to bf16 as transformers' tables are. Accurate sincosf: the
+// angles reach the thousands.
+[[maybe_unused]] __device__ __forceinline__ void Rotate8(uint4& a, uint4& b, float position,
+                                                        const float* __restrict__ inv_freq, int i0) {
+  auto* a2 = reinterpret_cast<__nv_bfloat162*>(&a);
+  auto* b2 = reinterpret_cast<__nv_bfloat162*>(&b);
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    float c[2], sn[2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      sincosf(position * __ldg(inv_freq + i0 + 2 * e + j), &sn[j], &c[j]);
+      c[j] = __bfloat162float(__float2bfloat16_rn(c[j]));
+      sn[j] = __bfloat162float(__float2bfloat16_rn(sn[j]));
+    }
+    const float2 x = __bfloat1622float2(a2[e]), y = __bfloat1622float2(b2[e]);
+    a2[e] = __floats2bfloat162_rn(x.x * c[0] - y.x * sn[0], x.y * c[1] - y.y * sn[1]);
+    b2[e] = __floats2bfloat162_rn(y.x * c[0] + x.x * sn[0], y.y * c[1] + x.y * sn[1]);
+  }
+}
 
 // SwiGLU's backward on 8 elements (16 bytes of each operand), the engine's
 // pass's formula (engine/kernels/swiglu.cu, each result rounded once; the
@@ -348,14 +376,17 @@ template <HopperEpilogue kEpilogue, bool kWTransposed>
 __global__ void __launch_bounds__(kThreads, 1) GemmKernel(const __grid_constant__ GemmMaps maps) {
   static_assert(!(kWTransposed && kEpilogue == HopperEpilogue::kSwiGlu), "SwiGLU takes W as stored");
   static_assert(kEpilogue != HopperEpilogue::kSwiGluBackward || kWTransposed, "SwiGLU's backward takes W transposed");
+  static_assert(!(kWTransposed && kEpilogue == HopperEpilogue::kRope), "the rotary epilogue takes W as stored");
   constexpr bool kBackward = kEpilogue == HopperEpilogue::kSwiGluBackward;
+  constexpr bool kRope = kEpilogue == HopperEpilogue::kRope;
   // setmaxnreg moves registers between the block's own warpgroups: what the
   // producer gives up is all the consumers can take, out of the launch's
   // kLaunchRegisters a thread (not the SM's 65,536: a split that needs more
   // leaves the consumers waiting in setmaxnreg.inc for ever). The backward's
-  // epilogue warps hold HG_BACKWARD_UNITS units' operands in flight.
-  constexpr int kProducerRegisters = kBackward ? (HG_BACKWARD_UNITS > 2 ? 112 : 72) : 40;
-  constexpr int kConsumerRegisters = kBackward ? (HG_BACKWARD_UNITS > 2 ? 192 : 216) : 232;
+  // epilogue warps hold HG_BACKWARD_UNITS units' operands in flight; the
+  // rotary's hold two units and their angles.
+  constexpr int kProducerRegisters = kBackward ? (HG_BACKWARD_UNITS > 2 ? 112 : 72) : kRope ? 72 : 40;
+  constexpr int kConsumerRegisters = kBackward ? (HG_BACKWARD_UNITS > 2 ? 192 : 216) : kRope ? 216 : 232;
   static_assert(128 * kProducerRegisters + 256 * kConsumerRegisters <= kThreads * kLaunchRegisters,
                 "the warpgroups' registers over the launch's");
   extern __shared__ uint8_t raw_smem[];
@@ -394,7 +425,7 @@ __global__ void __launch_bounds__(kThreads, 1) GemmKernel(const __grid_constant_
     if (tid >= 32) {
       // Warps 1-3: the epilogue of each tile the consumers hand over.
       const int w = tid - 32;
-      if (kEpilogue == HopperEpilogue::kPlain && w != 0) return;
+      if (kEpilogue == HopperEpilogue::kPlain && w != 0) return;  // the rotary's warps all work
       auto chunk = [&](int c, int half) { return chunk_smem + (2 * c + half) * kChunkBytes; };
       int n = 0;
       [[maybe_unused]] int staged_count = 0;  // chunks staged so far (SwiGLU's backward by TMA)
@@ -412,7 +443,33 @@ __global__ void __launch_bounds__(kThreads, 1) GemmKernel(const __grid_constant_
         if (kBackward && w == 0) load_staged(row, tile.n * kBlockN);
 #endif
         BarrierWait(ready, n & 1);
-        if (kEpilogue == HopperEpilogue::kPlain) {
+        if (kRope && tile.n * kBlockN < maps.rotate_columns) {
+          // The tile's heads p = 0, 1 (128 columns each) are column blocks
+          // 2 p (the first half) and 2 p + 1 (the second): an element and its
+          // partner sit at the same offset of their chunks (same swizzle), and
+          // unit u of row r holds the head's columns 8 (u ^ (r % 8)) .. + 7.
+          // Both heads share a row's angles; a head at or past rotate_columns
+          // (v's) stays as it is.
+          const bool second = tile.n * kBlockN + 128 < maps.rotate_columns;
+          for (int q = w; q < 2 * 64 * 8; q += 96) {
+            const int half = q / 512, r = (q / 8) % 64, u = q % 8;
+            const int at_row = row + half * 64 + r;
+            const float position = at_row < maps.m ? static_cast<float>(__ldg(maps.positions + at_row)) : 0.f;
+            const int offset = r * 128 + u * 16, i0 = (u ^ (r % 8)) * 8;
+            for (int p = 0; p < (second ? 2 : 1); ++p) {
+              uint4* a = reinterpret_cast<uint4*>(chunk(2 * p, half) + offset);
+              uint4* b = reinterpret_cast<uint4*>(chunk(2 * p + 1, half) + offset);
+              uint4 va = *a, vb = *b;
+              Rotate8(va, vb, position, maps.inv_freq, i0);
+              *a = va;
+              *b = vb;
+            }
+          }
+          FenceAsyncShared();
+          NamedBarrier(3, 96);
+        }
+        if (kEpilogue == HopperEpilogue::kPlain || kRope) {
+          if (kRope && w != 0) continue;
 #pragma unroll
           for (int c = 0; c < 4; ++c) {
             for (int half = 0; half < 2; ++half) {
@@ -746,6 +803,12 @@ std::string HopperGemm(const HopperGemmOperands& o, HopperEpilogue epilogue, voi
   if (swiglu && (o.w_transposed || o.n % 16 != 0 || o.h == nullptr)) {
     return "HopperGemm: SwiGLU's epilogue needs W as stored, n a multiple of 16 and H";
   }
+  const bool rope = epilogue == HopperEpilogue::kRope;
+  if (rope && (o.w_transposed || o.rotate_columns <= 0 || o.rotate_columns % 128 != 0 || o.rotate_columns > o.n ||
+               o.positions == nullptr || o.inv_freq == nullptr)) {
+    return "HopperGemm: the rotary epilogue needs W as stored, rotate_columns a multiple of 128 up to n, "
+           "positions and inv_freq";
+  }
   const int64_t w_cols = o.w_transposed ? o.n : o.k;
   const int64_t h_cols = swiglu ? o.n / 2 : 0;
   if (!Aligned(o.x) || !Aligned(o.w) || !Aligned(o.d) || (swiglu && !Aligned(o.h)) || o.x_stride % 8 != 0 ||
@@ -790,11 +853,15 @@ std::string HopperGemm(const HopperGemmOperands& o, HopperEpilogue epilogue, voi
   maps.grad_stride = o.d_stride;
   maps.m = static_cast<int>(o.m);
   maps.n = static_cast<int>(o.n);
+  maps.positions = o.positions;
+  maps.inv_freq = o.inv_freq;
+  maps.rotate_columns = static_cast<int>(o.rotate_columns);
   const int tiles = maps.tiles_m * maps.tiles_n;
   const int grid = std::min(tiles, device.sms);
   auto* s = static_cast<cudaStream_t>(stream);
   if (swiglu) return Launch<HopperEpilogue::kSwiGlu, false>(maps, grid, s);
   if (backward) return Launch<HopperEpilogue::kSwiGluBackward, true>(maps, grid, s);
+  if (rope) return Launch<HopperEpilogue::kRope, false>(maps, grid, s);
   return o.w_transposed ? Launch<HopperEpilogue::kPlain, true>(maps, grid, s)
                         : Launch<HopperEpilogue::kPlain, false>(maps, grid, s);
 }

@@ -2,7 +2,7 @@
 // decoder's large bf16 products: D = X W^T with float32 accumulation, W given
 // either as stored by a linear layer (n, k) or transposed (k, n), and
 // optionally SwiGLU's forward or backward in the epilogue. The engine runs it
-// for two products, behind TRAINERD_HOPPER_GEMM (engine/swiglu_gemm.h):
+// for two products, behind TRAINERD_HOPPER_GEMM (engine/epilogue_gemm.h):
 // gate|up's forward with SwiGLU's forward in the epilogue, and down's input
 // gradient with SwiGLU's backward in it, where the fusion saves the SwiGLU
 // pass's joules; a plain product on it spends the same joules as cuBLAS's at
@@ -48,6 +48,11 @@ struct HopperGemmOperands {
   int64_t h_stride = 0;
   const void* gate_up = nullptr;  // SwiGLU's backward only: (m, 2 n), the forward's [gate | up]
   int64_t gate_up_stride = 0;
+  // Rotary only: each row's position (m int64) and the 64 frequencies of a
+  // 128-wide head (float32); D's first rotate_columns columns are rotated.
+  const int64_t* positions = nullptr;
+  const float* inv_freq = nullptr;
+  int64_t rotate_columns = 0;
   int64_t m = 0, n = 0, k = 0;
 };
 
@@ -63,6 +68,14 @@ enum class HopperEpilogue {
   // silu(gate) from gate_up = [gate | up]. W transposed (k, n) only (down's
   // weight as stored), n a multiple of 8.
   kSwiGluBackward,
+  // D = X W^T with the rotary embedding on its first rotate_columns columns
+  // (q's and k's heads of a q|k|v product): heads of 128 columns, whose pair
+  // (i, i + 64) becomes (a c - b s, b c + a s) for c, s = cos, sin(position
+  // of the row * inv_freq[i]) in float32 rounded to bf16, a and b D's
+  // elements rounded to bf16 first: the rotary kernel's formula
+  // (engine/kernels/rope.cu). rotate_columns a multiple of 128, at most n;
+  // W as stored (not transposed).
+  kRope,
 };
 
 // Whether the current device is a Hopper GPU (compute capability 9.0) and an
