@@ -399,31 +399,17 @@ class QkvRopeFunction : public torch::autograd::Function<QkvRopeFunction> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const variable_list saved = ctx->get_saved_variables();
     const std::vector<int64_t> heads = ctx->saved_data["heads"].toIntVector();
-    const torch::Tensor* any = nullptr;
-    for (const torch::Tensor& g : grads) {
-      if (g.defined()) any = &g;
-    }
     variable_list result(5);
-    if (any == nullptr) return result;
-    const c10::cuda::CUDAGuard guard(any->device());
-    const int64_t tokens = any->size(0), d = any->size(2);
-    const int64_t width = (heads[0] + heads[1] + heads[2]) * d;
-    // [dq | dk | dv] (tokens, width): each gradient a view of its columns,
-    // written by one launch (dq and dk rotated back, dv copied).
-    const torch::Tensor buffer = torch::empty({tokens, width}, any->options());
-    std::vector<RopePart> parts;
+    if (!grads[0].defined() && !grads[1].defined() && !grads[2].defined()) return result;
+    // [dq | dk | dv] (tokens, width): each gradient a view of its columns.
+    const torch::Tensor buffer =
+        QkvRopeGradient({grads[0], grads[1], grads[2]}, heads, heads[0] + heads[1], saved[0], saved[1]);
+    const int64_t tokens = buffer.size(0), d = buffer.size(1) / (heads[0] + heads[1] + heads[2]);
     int64_t column = 0;
     for (size_t i = 0; i < 3; ++i) {
-      torch::Tensor out = buffer.narrow(1, column, heads[i] * d).view({tokens, heads[i], d});
+      result[i] = buffer.narrow(1, column, heads[i] * d).view({tokens, heads[i], d});
       column += heads[i] * d;
-      if (grads[i].defined()) {
-        parts.push_back({grads[i], out, /*rotate=*/i < 2});
-      } else {
-        out.zero_();
-      }
-      result[i] = out;
     }
-    RotateInto(parts, saved[0], saved[1], /*inverse=*/true);
     return result;
   }
 };
@@ -585,6 +571,78 @@ std::array<torch::Tensor, 3> FusedQkvRope(const torch::Tensor& q, const torch::T
 #endif
   return {PlainRope(q, position_ids, inv_freq), PlainRope(k, position_ids, inv_freq),
           v.clone(at::MemoryFormat::Contiguous)};
+}
+
+void RotateHeadsInPlace(const torch::Tensor& y, int64_t rotated_heads, int64_t head_dim,
+                        const torch::Tensor& position_ids, const torch::Tensor& inv_freq) {
+  const torch::NoGradGuard no_grad;
+  TORCH_CHECK(y.dim() == 2 && y.stride(1) == 1 && rotated_heads * head_dim <= y.size(1) && head_dim % 2 == 0,
+              "RotateHeadsInPlace: y must be (tokens, width) rows with room for ", rotated_heads, " heads of ",
+              head_dim);
+  if (rotated_heads == 0 || y.size(0) == 0) return;
+  const torch::Tensor heads = y.narrow(1, 0, rotated_heads * head_dim).view({y.size(0), rotated_heads, head_dim});
+#ifdef TRAINERD_WITH_CUDA_KERNELS
+  if (KernelTensor(y) && head_dim <= 8192 && position_ids.device() == y.device() && inv_freq.device() == y.device()) {
+    const c10::cuda::CUDAGuard guard(y.device());
+    // In place: each thread reads its pair of elements before writing it.
+    RotateInto({{heads, heads}}, position_ids.to(torch::kInt64).contiguous(),
+               inv_freq.to(torch::kFloat32).contiguous(), /*inverse=*/false);
+    return;
+  }
+#endif
+  heads.copy_(PlainRope(heads, position_ids, inv_freq));
+}
+
+torch::Tensor QkvRopeGradient(const std::vector<torch::Tensor>& grads, const std::vector<int64_t>& heads,
+                              int64_t rotated_heads, const torch::Tensor& position_ids,
+                              const torch::Tensor& inv_freq) {
+  const torch::NoGradGuard no_grad;
+  const torch::Tensor* any = nullptr;
+  for (const torch::Tensor& g : grads) {
+    if (g.defined()) any = &g;
+  }
+  TORCH_CHECK(any != nullptr && any->dim() == 3 && grads.size() == heads.size(),
+              "QkvRopeGradient: one (tokens, heads, d) gradient a part, at least one defined");
+  const int64_t tokens = any->size(0), d = any->size(2);
+  int64_t total = 0;
+  for (int64_t h : heads) total += h;
+  const torch::Tensor buffer = torch::empty({tokens, total * d}, any->options());
+  // The parts split where the rotated heads end: (gradient, buffer columns, rotated).
+  struct Piece {
+    torch::Tensor grad, out;
+    bool rotate;
+  };
+  std::vector<Piece> pieces;
+  int64_t first = 0;
+  for (size_t i = 0; i < grads.size(); ++i) {
+    const int64_t split = std::clamp(rotated_heads - first, int64_t{0}, heads[i]);
+    for (const auto& [begin, count, rotate] :
+         {std::tuple<int64_t, int64_t, bool>{0, split, true}, {split, heads[i] - split, false}}) {
+      if (count == 0) continue;
+      torch::Tensor out = buffer.narrow(1, (first + begin) * d, count * d).view({tokens, count, d});
+      if (grads[i].defined()) {
+        pieces.push_back({grads[i].narrow(1, begin, count), out, rotate});
+      } else {
+        out.zero_();
+      }
+    }
+    first += heads[i];
+  }
+#ifdef TRAINERD_WITH_CUDA_KERNELS
+  if (KernelTensor(buffer) && d <= 8192 && position_ids.device() == buffer.device() &&
+      inv_freq.device() == buffer.device()) {
+    const c10::cuda::CUDAGuard guard(buffer.device());
+    std::vector<RopePart> parts;
+    for (const Piece& p : pieces) parts.push_back({p.grad, p.out, p.rotate});
+    RotateInto(parts, position_ids.to(torch::kInt64).contiguous(), inv_freq.to(torch::kFloat32).contiguous(),
+               /*inverse=*/true);
+    return buffer;
+  }
+#endif
+  // The transposed rotation is the rotation by the opposite angles (cos even, sin odd).
+  const torch::Tensor negated = -inv_freq;
+  for (const Piece& p : pieces) p.out.copy_(p.rotate ? PlainRope(p.grad, position_ids, negated) : p.grad);
+  return buffer;
 }
 
 torch::Tensor FusedSoftmaxCrossEntropyRows(torch::Tensor& logits, const torch::Tensor& targets, int64_t ignore_index,

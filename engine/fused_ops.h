@@ -107,6 +107,24 @@ torch::Tensor PlainRope(const torch::Tensor& x, const torch::Tensor& position_id
 std::array<torch::Tensor, 3> FusedQkvRope(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                           const torch::Tensor& position_ids, const torch::Tensor& inv_freq);
 
+// The rotary embedding of a q|k|v product in place, outside autograd, for a
+// node that returns its product rotated (engine/linear_group.h, QkvRope):
+// y (tokens, width) with heads of head_dim across its columns, the first
+// rotated_heads of them (q's, then k's) rotated as FusedRope rotates them, the
+// rest (v's) untouched. One launch on the kernel path, else PlainRope.
+void RotateHeadsInPlace(const torch::Tensor& y, int64_t rotated_heads, int64_t head_dim,
+                        const torch::Tensor& position_ids, const torch::Tensor& inv_freq);
+
+// The backward of the rotations: the gradient of a q|k|v product (tokens,
+// (sum heads_i) d) from the gradients of its parts (tokens, heads_i, d), any
+// strides, in the product's column order (an undefined one: zeros): the
+// first rotated_heads heads rotated back, the others copied, side by side in
+// one new buffer (one launch on the kernel path). FusedQkvRope's backward
+// writes its input gradients this way.
+torch::Tensor QkvRopeGradient(const std::vector<torch::Tensor>& grads, const std::vector<int64_t>& heads,
+                              int64_t rotated_heads, const torch::Tensor& position_ids,
+                              const torch::Tensor& inv_freq);
+
 // dst = src * scale, cast to dst's dtype, for many small 2-D tensors at once:
 // torch::mul_out(dst, src, scale) for each, to the bit (the product in
 // float32, rounded to src's dtype, then cast to dst's). src and dst: the same sizes, any

@@ -4,9 +4,9 @@
 #include <utility>
 #include <vector>
 
+#include "engine/epilogue_gemm.h"
 #include "engine/fused_ops.h"
 #include "engine/lora_dropout.h"
-#include "engine/swiglu_gemm.h"
 
 namespace trainerd::engine {
 
@@ -110,13 +110,17 @@ void LoraOf(const std::vector<const Linear*>& members, std::vector<torch::Tensor
 // LoRA products see the masks. The node then keeps x (or SwiGLU's recipe,
 // which makes x again), not the norm's recipe, and the input gradient's LoRA
 // terms are added after the GEMM rather than inside it.
+//
+// With a QkvRope, the outputs are rotated (the GEMM's epilogue, or a pass in
+// place over the product) and the backward rotates the output gradient back
+// before its own work.
 class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFunction> {
  public:
   static tensor_list forward(AutogradContext* ctx, const torch::Tensor& x, at::TensorList lora,
                              const LinearGroup& group, const std::vector<double>& scaling,
                              const InputRecipe& recipe, const DropoutMasks& dropout,
                              const std::vector<double>& dropout_p, SwiGluOutput* swiglu,
-                             at::TensorList swiglu_inputs) {
+                             at::TensorList swiglu_inputs, QkvRope* rope) {
     const int64_t n = x.size(0), in = group.in, cols = group.cols;
     const int64_t rank = Sum(group.ranks);
     bool any_dropout = false;
@@ -156,6 +160,7 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
     const bool in_place = x_ext.defined();
     const torch::Tensor top = group.widened.narrow(0, 0, Sum(group.outs));  // [W | sB | 0]
     torch::Tensor y;  // (N, sum out)
+    bool rotated = false;  // y rotated by its GEMM's epilogue (QkvRope)
     // t = x A^T, each dropout member's columns from its dropped x.
     auto lora_product = [&](torch::Tensor& t_out) {
       if (!any_dropout) {
@@ -180,6 +185,11 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
       if (swiglu != nullptr && !group.bias.defined() && group.outs.size() == 2 && group.outs[0] == group.outs[1]) {
         y = GateUpWithSwiGlu(x_ext, top, swiglu->spare_columns, &swiglu->h);
       }
+      if (rope != nullptr && !group.bias.defined()) {
+        y = ProductWithRope(x_ext, top, rope->positions, rope->inv_freq, rope->head_dim,
+                            rope->rotated_heads * rope->head_dim);
+        rotated = y.defined();
+      }
       if (!y.defined()) {
         y = group.bias.defined() ? torch::addmm(group.bias, x_ext, top.t()) : torch::mm(x_ext, top.t());
       }
@@ -194,6 +204,14 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
       const torch::Tensor sb_t = top.narrow(1, in, rank).t();
       y = group.bias.defined() ? torch::addmm(group.bias, t, sb_t) : torch::mm(t, sb_t);
       y.addmm_(x, top.narrow(1, 0, in).t());
+    }
+    if (rope != nullptr) {
+      if (!rotated) RotateHeadsInPlace(y, rope->rotated_heads, rope->head_dim, rope->positions, rope->inv_freq);
+      rope->done = true;
+      ctx->saved_data["rope_positions"] = rope->positions;
+      ctx->saved_data["rope_inv_freq"] = rope->inv_freq;
+      ctx->saved_data["rope_heads"] = rope->rotated_heads;
+      ctx->saved_data["rope_head_dim"] = rope->head_dim;
     }
     tensor_list outputs;
     int64_t row = 0;
@@ -270,7 +288,10 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
       }
     }
 
-    const torch::Tensor g = StackedGradient(grads, outs, n);  // (N, sum out)
+    // (N, sum out); with the rotary embedding in the forward, rotated back.
+    const torch::Tensor g = ctx->saved_data.find("rope_heads") != ctx->saved_data.end()
+                                ? RopeGradient(ctx, grads, outs, n)
+                                : StackedGradient(grads, outs, n);
     const int64_t out_total = Sum(outs);
     const torch::Tensor top = widened.narrow(0, 0, out_total);  // [W | sB | 0]
     torch::Tensor grad_x, u;  // u = s g B (N, rank), every LoRA member's columns
@@ -398,10 +419,27 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
       result.push_back(grad_gate);
       result.push_back(grad_up);
     }
+    result.push_back(torch::Tensor());  // rope
     return result;
   }
 
  private:
+  // The output gradient (N, sum out) of a forward that rotated its outputs:
+  // the members' gradients as heads, rotated back (QkvRopeGradient).
+  static torch::Tensor RopeGradient(AutogradContext* ctx, const tensor_list& grads, const std::vector<int64_t>& outs,
+                                    int64_t n) {
+    const int64_t d = ctx->saved_data["rope_head_dim"].toInt();
+    std::vector<torch::Tensor> heads_grads;
+    std::vector<int64_t> heads;
+    for (size_t i = 0; i < outs.size(); ++i) {
+      heads.push_back(outs[i] / d);
+      heads_grads.push_back(i < grads.size() && grads[i].defined() ? grads[i].reshape({n, outs[i] / d, d})
+                                                                   : torch::Tensor());
+    }
+    return QkvRopeGradient(heads_grads, heads, ctx->saved_data["rope_heads"].toInt(),
+                           ctx->saved_data["rope_positions"].toTensor(), ctx->saved_data["rope_inv_freq"].toTensor());
+  }
+
   // Whether the backward adds parameter p's gradient into p.grad itself:
   // where autograd would add it there (a .grad of p's shape and dtype; not
   // while differentiating the backward).
@@ -571,7 +609,7 @@ void Widen(LinearGroup& group, const std::vector<Linear*>& members) {
 std::vector<torch::Tensor> ForwardGroup(const LinearGroup& group, const std::vector<const Linear*>& members,
                                         const torch::Tensor& x, const InputRecipe& recipe,
                                         const DropoutMasks& dropout, SwiGluOutput* swiglu,
-                                        const SwiGluInput* swiglu_input) {
+                                        const SwiGluInput* swiglu_input, QkvRope* rope) {
   std::vector<torch::Tensor> outputs;
   if (!WidenedLayoutFits(group, members)) {
     // SwiGLU's backward through its own node here: x made again with autograd.
@@ -594,7 +632,7 @@ std::vector<torch::Tensor> ForwardGroup(const LinearGroup& group, const std::vec
   // With SwiGLU's inputs the node differentiates those, never x.
   tensor_list ys = WidenedGroupFunction::apply(swiglu_input != nullptr ? x2.detach() : x2, at::TensorList(lora), group,
                                                scaling, recipe, dropout, dropout_p, swiglu,
-                                               at::TensorList(swiglu_inputs));
+                                               at::TensorList(swiglu_inputs), rope);
   for (size_t i = 0; i < members.size(); ++i) {
     std::vector<int64_t> shape = x.sizes().vec();
     shape.back() = group.outs[i];

@@ -140,7 +140,7 @@ void Widen(LinearGroup& group, const std::vector<Linear*>& members);
 void RefreshLoraCopies(const std::vector<GroupMembers>& groups);
 
 // SwiGLU's output asked of a gate|up group's GEMM (two members of equal width,
-// gate's then up's; engine/swiglu_gemm.h, GateUpWithSwiGlu): where the
+// gate's then up's; engine/epilogue_gemm.h, GateUpWithSwiGlu): where the
 // GEMM of our own takes it, h is silu(gate) * up (N, f) in rows f +
 // spare_columns wide, for FusedSwiGlu's `made`; else undefined.
 struct SwiGluOutput {
@@ -148,7 +148,7 @@ struct SwiGluOutput {
   torch::Tensor h;
 };
 
-// SwiGLU's backward taken into down's node (engine/swiglu_gemm.h): x is h =
+// SwiGLU's backward taken into down's node (engine/epilogue_gemm.h): x is h =
 // silu(gate) * up, made outside autograd, and gate and up (the gate|up
 // group's outputs) are the node's differentiable inputs in its place: its
 // backward returns their gradients, from its input gradient dh (in the
@@ -159,6 +159,23 @@ struct SwiGluInput {
   torch::Tensor gate, up;
 };
 
+// The rotary embedding asked of a q|k|v group's product (engine/
+// epilogue_gemm.h, RopeGemmEnabled): its first rotated_heads heads of
+// head_dim columns (q's, then k's) rotated by the positions' angles, as
+// FusedQkvRope rotates them. The widened node then returns its outputs
+// rotated (in its GEMM's epilogue where ProductWithRope takes the product,
+// else by RotateHeadsInPlace over it) and sets `done`; its backward takes
+// the rotation's first (QkvRopeGradient: the output gradient rotated back
+// into one buffer, as FusedQkvRope's backward writes it). A node that runs
+// its members one by one leaves `done` false: the caller rotates.
+struct QkvRope {
+  torch::Tensor positions;  // (N) int64, a row's position
+  torch::Tensor inv_freq;   // (head_dim / 2) float32
+  int64_t head_dim = 0;
+  int64_t rotated_heads = 0;
+  bool done = false;
+};
+
 // Each member applied to x (..., in): their outputs (..., out_i) in order, as
 // Linear::Forward gives them. On the widened node the outputs are column views
 // of one (N, sum out_i) product (row stride sum out_i); `recipe` says how x was
@@ -166,15 +183,16 @@ struct SwiGluInput {
 // the pass's draw (training) and member 0's mask number; member i's LoRA
 // dropout takes mask dropout.first + i. swiglu: SwiGLU's output asked too.
 // swiglu_input: x is SwiGLU's output of these, whose backward the node takes.
+// rope: the rotary embedding asked of the product (QkvRope).
 std::vector<torch::Tensor> ForwardGroup(const LinearGroup& group, const std::vector<const Linear*>& members,
                                         const torch::Tensor& x, const InputRecipe& recipe = {},
                                         const DropoutMasks& dropout = {}, SwiGluOutput* swiglu = nullptr,
-                                        const SwiGluInput* swiglu_input = nullptr);
+                                        const SwiGluInput* swiglu_input = nullptr, QkvRope* rope = nullptr);
 inline std::vector<torch::Tensor> ForwardGroup(const GroupMembers& group, const torch::Tensor& x,
                                                const InputRecipe& recipe = {}, const DropoutMasks& dropout = {},
                                                SwiGluOutput* swiglu = nullptr,
-                                               const SwiGluInput* swiglu_input = nullptr) {
-  return ForwardGroup(*group.group, group.members, x, recipe, dropout, swiglu, swiglu_input);
+                                               const SwiGluInput* swiglu_input = nullptr, QkvRope* rope = nullptr) {
+  return ForwardGroup(*group.group, group.members, x, recipe, dropout, swiglu, swiglu_input, rope);
 }
 
 }  // namespace trainerd::engine

@@ -13,8 +13,8 @@
 #include <torch/version.h>
 
 #include "engine/activation_checkpoint.h"
+#include "engine/epilogue_gemm.h"
 #include "engine/fused_ops.h"
-#include "engine/swiglu_gemm.h"
 
 namespace trainerd::engine {
 
@@ -264,11 +264,19 @@ torch::Tensor LlamaModel::Attention(const DecoderLayer& layer, const torch::Tens
                                     const LayerInputs& in, const DropoutMasks& layer_masks) const {
   const int64_t b = x.size(0), t = x.size(1), d = config_.head_dim;
   const int64_t nh = config_.num_attention_heads, nkv = config_.num_key_value_heads;
+  // With the rotary embedding in q|k|v's node (RopeGemmEnabled), the group
+  // returns q and k rotated and attention reads q, k and v as views of its
+  // product, which it keeps whole for its backward (what the rotated copies
+  // and v's copy below keep otherwise).
+  QkvRope rope;
+  const bool rope_in_group = RopeGemmEnabled() && in.segments.defined() && !in.cos.defined();
+  if (rope_in_group) rope = {in.positions, inv_freq_, d, nh + nkv};
   std::vector<torch::Tensor> qkv =
-      ForwardGroup(layer.QkvGroup(), x, x_recipe, {layer_masks.draw, layer_masks.first + DecoderLayer::kQkvFirst});
-  // v gets its own copy below (16 MB at 8B's 4x2048): attention keeps v for
-  // its backward, and a view of the widened group's product would keep all of
-  // q|k|v alive; q and k are rotated into new tensors anyway.
+      ForwardGroup(layer.QkvGroup(), x, x_recipe, {layer_masks.draw, layer_masks.first + DecoderLayer::kQkvFirst},
+                   nullptr, nullptr, rope_in_group ? &rope : nullptr);
+  // Else v gets its own copy below (16 MB at 8B's 4x2048): attention keeps v
+  // for its backward, and a view of the widened group's product would keep
+  // all of q|k|v alive; q and k are rotated into new tensors anyway.
   auto o_proj = [&](const torch::Tensor& o) {
     return ForwardGroup(layer.OGroup(), o, {}, {layer_masks.draw, layer_masks.first + DecoderLayer::kOFirst})[0];
   };
@@ -276,7 +284,9 @@ torch::Tensor LlamaModel::Attention(const DecoderLayer& layer, const torch::Tens
     torch::Tensor q = qkv[0].view({b * t, nh, d});
     torch::Tensor k = qkv[1].view({b * t, nkv, d});
     torch::Tensor v = qkv[2].view({b * t, nkv, d});
-    if (in.cos.defined()) {
+    if (rope.done) {
+      // Rotated by the group's node: q, k and v stay views of its product.
+    } else if (in.cos.defined()) {
       q = q * in.cos + RotateHalf(q) * in.sin;
       k = k * in.cos + RotateHalf(k) * in.sin;
       v = v.contiguous();
@@ -332,7 +342,7 @@ LlamaModel::Residual LlamaModel::LayerForward(size_t index, const Residual& h, c
   std::tie(r, x) = FusedAddRmsNorm(sum, attention, layer.post_attention_norm, eps, layer.gate_up.spare_columns(),
                                    &normed.norm_rstd);
   normed.norm_input = r;
-  // SwiGLU in gate|up's GEMM where the GEMM of our own takes it (engine/swiglu_gemm.h);
+  // SwiGLU in gate|up's GEMM where the GEMM of our own takes it (engine/epilogue_gemm.h);
   // FusedSwiGlu's node then returns that output, else makes it.
   SwiGluOutput made{layer.down.spare_columns(), {}};
   const std::vector<torch::Tensor> gate_up =

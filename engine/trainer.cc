@@ -9,10 +9,10 @@
 #include "engine/batch.h"
 #include "engine/device_memory.h"
 #include "engine/durable_files.h"
+#include "engine/epilogue_gemm.h"
 #include "engine/flops.h"
 #include "engine/lr_schedule.h"
 #include "engine/step_graph.h"
-#include "engine/swiglu_gemm.h"
 
 namespace trainerd::engine {
 namespace fs = std::filesystem;
@@ -25,17 +25,28 @@ double Seconds(Clock::time_point since) {
   return std::chrono::duration<double>(Clock::now() - since).count();
 }
 
-// Where SwiGLU went into the Hopper GEMM's epilogues in a step, from the
-// products counted before it: a measurement at TRAINERD_HOPPER_GEMM 1 or 2
-// must say whether the GEMM took them (it declines products it does not suit).
-std::string SwiGluGemmNote(const SwiGluGemmCounts& before) {
-  const SwiGluGemmCounts now = SwiGluGemmRuns();
+// Where passes went into the Hopper GEMM's epilogues in a step, from the
+// products counted before it: a measurement at TRAINERD_HOPPER_GEMM 1 or 2,
+// or with TRAINERD_HOPPER_ROPE=1, must say whether the GEMM took them (it
+// declines products it does not suit).
+std::string EpilogueGemmNote(const EpilogueGemmCounts& before) {
+  const EpilogueGemmCounts now = EpilogueGemmRuns();
   const int level = SwiGluGemmLevel();
-  std::string note = "TRAINERD_HOPPER_GEMM=" + std::to_string(level) + ": the first step ran SwiGLU's forward in " +
-                     std::to_string(now.forward - before.forward) + " gate|up products";
-  if (level >= 2) note += " and its backward in " + std::to_string(now.backward - before.backward) + " down products";
-  return note + " of the Hopper GEMM (launches; the others declined it for their shape, dtype or device and ran "
-                "cuBLAS and the SwiGLU kernel: engine/swiglu_gemm.h)";
+  const bool rope = RopeGemmEnabled();
+  std::string settings, ran;
+  if (level >= 1) {
+    settings = "TRAINERD_HOPPER_GEMM=" + std::to_string(level);
+    ran = "SwiGLU's forward in " + std::to_string(now.forward - before.forward) + " gate|up products";
+    if (level >= 2) ran += " and its backward in " + std::to_string(now.backward - before.backward) + " down products";
+  }
+  if (rope) {
+    settings += std::string(settings.empty() ? "" : ", ") + "TRAINERD_HOPPER_ROPE=1";
+    ran += std::string(ran.empty() ? "" : ", and ") + "the rotary embedding in " +
+           std::to_string(now.rope - before.rope) + " q|k|v products";
+  }
+  return settings + ": the first step ran " + ran +
+         " of the Hopper GEMM (launches; the others declined it for their shape, dtype or device and ran cuBLAS and "
+         "the pass: engine/epilogue_gemm.h)";
 }
 
 // splitmix64: a small, fully specified generator, so that an epoch's order is
@@ -309,7 +320,7 @@ StatusOr<RunResult> Trainer::Run(const RunOptions& options) {
   // idle GPU (no synchronisation inside a step).
   PendingStep pending;
   StepProfiler profiler(options.profile);
-  const SwiGluGemmCounts swiglu_gemm_before = SwiGluGemmRuns();
+  const EpilogueGemmCounts epilogue_gemm_before = EpilogueGemmRuns();
 
   for (int64_t step = first_step; step < total_steps_; ++step) {
     TRAINERD_RETURN_IF_ERROR(profiler.BeforeStep(step - first_step + 1));
@@ -364,7 +375,9 @@ StatusOr<RunResult> Trainer::Run(const RunOptions& options) {
     pending.tokens_seen = state.tokens_seen;
 
     TRAINERD_RETURN_IF_ERROR(profiler.AfterStep(step - first_step + 1));
-    if (step == first_step && SwiGluGemmLevel() > 0) reporter_.OnMessage(SwiGluGemmNote(swiglu_gemm_before));
+    if (step == first_step && (SwiGluGemmLevel() > 0 || RopeGemmEnabled())) {
+      reporter_.OnMessage(EpilogueGemmNote(epilogue_gemm_before));
+    }
     const bool last = state.step == total_steps_;
     bool stopping = options.stop && options.stop->load();
     const bool eval_due = eval_ && ((t.eval_every > 0 && state.step % t.eval_every == 0) || last);

@@ -24,7 +24,7 @@ quick=${QUICK:-0}
 limited() { timeout --kill-after=10 "${TEST_TIMEOUT_S:-300}" "$@"; }
 targets=()
 [ "$quick" = 1 ] && targets=(--target parity_test packing_test fused_ops_test speed_paths_test step_graph_test
-  lora_dropout_test swiglu_gemm_test)
+  lora_dropout_test epilogue_gemm_test)
 cmake -S . -B $b -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
   -DCMAKE_PREFIX_PATH="$TORCH_PREFIX;$R/usr" \
   > "$out/build.log" 2>&1 && cmake --build $b -j16 "${targets[@]}" -- -k 0 >> "$out/build.log" 2>&1
@@ -54,13 +54,13 @@ for dtype in bfloat16 float32; do
   TRAINERD_TEST_DEVICE=cuda TRAINERD_TEST_DTYPE=$dtype limited $b/tests/engine/lora_dropout_test \
     > "$out/lora-dropout-cuda-$dtype.log" 2>&1
   echo "lora_dropout_test $dtype rc $?"
-  TRAINERD_TEST_DEVICE=cuda TRAINERD_TEST_DTYPE=$dtype limited $b/tests/engine/swiglu_gemm_test \
-    > "$out/swiglu-gemm-cuda-$dtype.log" 2>&1
-  echo "swiglu_gemm_test $dtype rc $?"
+  TRAINERD_TEST_DEVICE=cuda TRAINERD_TEST_DTYPE=$dtype limited $b/tests/engine/epilogue_gemm_test \
+    > "$out/epilogue-gemm-cuda-$dtype.log" 2>&1
+  echo "epilogue_gemm_test $dtype rc $?"
 done
 if [ "$quick" = 1 ]; then
   for log in "$out"/fused-ops-cuda.log "$out"/speed-paths-cuda-*.log "$out"/step-graph-cuda-*.log \
-    "$out"/lora-dropout-cuda-*.log "$out"/swiglu-gemm-cuda-*.log; do grep -E '^\[  (PASSED|FAILED)' "$log"; done
+    "$out"/lora-dropout-cuda-*.log "$out"/epilogue-gemm-cuda-*.log; do grep -E '^\[  (PASSED|FAILED)' "$log"; done
   exit 0
 fi
 OUT=$out/sanitize bash scripts/gpu-sanitize.sh $b

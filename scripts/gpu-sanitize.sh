@@ -18,10 +18,10 @@
 # SUITE=dropout: the LoRA dropout kernel's tests instead (tests/engine/lora_dropout_test
 # on CUDA, default filter LoraDropout.*), once per dtype of DTYPES (default
 # "bfloat16 float32": the kernels' instantiations differ by dtype; the float16
-# test runs in both). SUITE=gemm: the Hopper GEMM's (tests/engine/swiglu_gemm_test in
-# bfloat16, default filter SwiGluGemm.* less the whole model's test, whose cuDNN
-# and cuBLAS kernels are not ours; its racecheck covers the epilogue's hand-over
-# buffers).
+# test runs in both). SUITE=gemm: the Hopper GEMM's (tests/engine/epilogue_gemm_test in
+# bfloat16, default filter SwiGluGemm.* and RopeGemm.* less the whole models'
+# tests, whose cuDNN and cuBLAS kernels are not ours; its racecheck covers the
+# epilogue's hand-over buffers).
 # Logs go to $OUT (or /tmp/gpu-sanitize); prints one summary line and exits
 # non-zero when a tool reported an error or the binary is missing.
 set -uo pipefail
@@ -31,7 +31,7 @@ if [ "${SUITE:-fused}" = dropout ]; then
   export TRAINERD_TEST_DEVICE=cuda
   dtypes=${DTYPES:-bfloat16 float32}
 elif [ "${SUITE:-fused}" = gemm ]; then
-  bin=$b/tests/engine/swiglu_gemm_test filter=${FILTER:-SwiGluGemm.*-SwiGluGemm.ModelTrainsAsWithoutItAtEveryLevel}
+  bin=$b/tests/engine/epilogue_gemm_test filter=${FILTER:-SwiGluGemm.*:RopeGemm.*-*.ModelTrains*}
   export TRAINERD_TEST_DEVICE=cuda
   dtypes=${DTYPES:-bfloat16}
 else

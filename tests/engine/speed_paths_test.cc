@@ -10,6 +10,7 @@
 
 #include "engine/activation_checkpoint.h"
 #include "engine/batch.h"
+#include "engine/epilogue_gemm.h"
 #include "engine/flops.h"
 #include "engine/fused_ops.h"
 #include "engine/fused_adamw.h"
@@ -21,7 +22,6 @@
 #include "engine/micro_batch_probe.h"
 #include "engine/model_config.h"
 #include "engine/step_readback.h"
-#include "engine/swiglu_gemm.h"
 #include "engine/tensor_io.h"
 #include "tests/engine/test_support.h"
 #include "tests/engine/wide_rows.h"
@@ -164,7 +164,7 @@ int SwiGluNodes(const torch::Tensor& loss) {
   return found;
 }
 
-// SwiGLU's backward taken into down's node (engine/swiglu_gemm.h, level 2):
+// SwiGLU's backward taken into down's node (engine/epilogue_gemm.h, level 2):
 // the loss and adapter gradients of SwiGLU's own node, with LoRA dropout
 // (down's dropout terms go into dh before SwiGLU's backward) and with every
 // layer or only the first recomputed (the kept layers' down makes h again

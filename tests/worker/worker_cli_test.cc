@@ -182,30 +182,34 @@ TEST_F(WorkerCliTest, LoraJobTrainsAndWritesMetricsAndAdapter) {
   EXPECT_EQ(HiddenEntries(out + "/checkpoints"), std::vector<std::string>{});
 }
 
-// TRAINERD_HOPPER_GEMM=2 through the real binary: the restructured MLP graph
-// (SwiGLU's backward in down's node) trains to the losses of the default
-// graph within 2e-6 (float32 on the CPU; SwiGLU's gradient without its
-// derivative term moves the second step's loss by about 6e-5), and the
-// worker says after the first step how many products the Hopper GEMM took
-// (none here: the CPU, and a model too small for it), so that a measurement
-// at that level shows whether the kernel ran.
-TEST_F(WorkerCliTest, HopperGemmLevelTwoTrainsAsTheDefaultAndSaysWhereSwiGluRan) {
+// TRAINERD_HOPPER_GEMM=2 and TRAINERD_HOPPER_ROPE=1 through the real
+// binary: the restructured MLP graph (SwiGLU's backward in down's node)
+// trains to the losses of the default graph within 2e-6 (float32 on the CPU;
+// SwiGLU's gradient without its derivative term moves the second step's loss
+// by about 6e-5), and the worker says after the first step how many products
+// the Hopper GEMM took (none here: the CPU, and a model too small for it), so
+// that a measurement with them shows whether the kernel ran.
+TEST_F(WorkerCliTest, HopperGemmSettingsTrainAsTheDefaultAndSayWhereTheEpiloguesRan) {
   const std::string training = "  max_steps: 4\n  micro_batch_size: 2\n  log_every: 1\n";
   const std::string job_default = WriteJob("default.yaml", LoraJobYaml(PathOf("default"), training, false));
   const std::string job_level2 = WriteJob("level2.yaml", LoraJobYaml(PathOf("level2"), training, false));
   Outcome plain = Run({"run", job_default});
   ::setenv("TRAINERD_HOPPER_GEMM", "2", /*overwrite=*/1);
+  ::setenv("TRAINERD_HOPPER_ROPE", "1", /*overwrite=*/1);
   Outcome fused = Run({"run", job_level2});
   ::unsetenv("TRAINERD_HOPPER_GEMM");
+  ::unsetenv("TRAINERD_HOPPER_ROPE");
   ASSERT_EQ(plain.exit_code, 0) << plain.err;
   ASSERT_EQ(fused.exit_code, 0) << fused.err;
-  const std::regex note(R"(TRAINERD_HOPPER_GEMM=2: the first step ran SwiGLU's forward in (\d+) gate\|up products )"
-                        R"(and its backward in (\d+) down products of the Hopper GEMM)");
+  const std::regex note(R"(TRAINERD_HOPPER_GEMM=2, TRAINERD_HOPPER_ROPE=1: the first step ran SwiGLU's forward )"
+                        R"(in (\d+) gate\|up products and its backward in (\d+) down products, and the rotary )"
+                        R"(embedding in (\d+) q\|k\|v products of the Hopper GEMM)");
   std::smatch m;
   ASSERT_TRUE(std::regex_search(fused.err, m, note)) << fused.err;
   EXPECT_EQ(m[1].str(), "0");
   EXPECT_EQ(m[2].str(), "0");
-  EXPECT_EQ(plain.err.find("TRAINERD_HOPPER_GEMM"), std::string::npos) << "said only when switched on";
+  EXPECT_EQ(m[3].str(), "0");
+  EXPECT_EQ(plain.err.find("TRAINERD_HOPPER"), std::string::npos) << "said only when switched on";
 
   std::vector<double> losses[2];
   for (int i = 0; i < 2; ++i) {

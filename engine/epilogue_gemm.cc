@@ -1,4 +1,4 @@
-#include "engine/swiglu_gemm.h"
+#include "engine/epilogue_gemm.h"
 
 #include <atomic>
 #include <cstdlib>
@@ -15,7 +15,7 @@
 namespace trainerd::engine {
 namespace {
 
-std::atomic<int64_t> forward_runs{0}, backward_runs{0};
+std::atomic<int64_t> forward_runs{0}, backward_runs{0}, rope_runs{0};
 
 std::atomic<int>& Setting() {
   static std::atomic<int> level{[] {
@@ -25,6 +25,14 @@ std::atomic<int>& Setting() {
     return std::strcmp(v, "1") == 0 ? 1 : 0;
   }()};
   return level;
+}
+
+std::atomic<bool>& RopeSetting() {
+  static std::atomic<bool> on{[] {
+    const char* v = std::getenv("TRAINERD_HOPPER_ROPE");
+    return v != nullptr && std::strcmp(v, "1") == 0;
+  }()};
+  return on;
 }
 
 #ifdef TRAINERD_WITH_HOPPER_GEMM
@@ -77,7 +85,9 @@ void Launch(kernels::HopperGemmOperands o, kernels::HopperEpilogue epilogue, con
   o.k = x.size(1);
   const std::string error = kernels::HopperGemm(o, epilogue, c10::cuda::getCurrentCUDAStream().stream());
   TORCH_CHECK(error.empty(), error);
-  (epilogue == kernels::HopperEpilogue::kSwiGluBackward ? backward_runs : forward_runs)
+  (epilogue == kernels::HopperEpilogue::kSwiGluBackward ? backward_runs
+   : epilogue == kernels::HopperEpilogue::kRope         ? rope_runs
+                                                        : forward_runs)
       .fetch_add(1, std::memory_order_relaxed);
 }
 #endif
@@ -131,10 +141,41 @@ torch::Tensor DownInputGradientWithSwiGlu(const torch::Tensor& x, const torch::T
 #endif
 }
 
+torch::Tensor ProductWithRope(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& positions,
+                              const torch::Tensor& inv_freq, int64_t head_dim, int64_t rotate_columns) {
+#ifdef TRAINERD_WITH_HOPPER_GEMM
+  if (!RopeSetting().load(std::memory_order_relaxed) || !Bf16Rows(x) || !Bf16Rows(w) || x.device() != w.device() ||
+      w.size(1) != x.size(1) || head_dim != 128 || rotate_columns <= 0 || rotate_columns % 128 != 0 ||
+      rotate_columns > w.size(0) || !positions.defined() || positions.scalar_type() != torch::kInt64 ||
+      positions.dim() != 1 || positions.size(0) != x.size(0) || !positions.is_contiguous() ||
+      positions.device() != x.device() || !inv_freq.defined() || inv_freq.scalar_type() != torch::kFloat32 ||
+      inv_freq.dim() != 1 || inv_freq.size(0) != 64 || !inv_freq.is_contiguous() || inv_freq.device() != x.device() ||
+      !Suits(x.device(), x.size(0), w.size(0), x.size(1))) {
+    return {};
+  }
+  const c10::cuda::CUDAGuard guard(x.device());
+  torch::Tensor out = torch::empty({x.size(0), w.size(0)}, x.options());
+  kernels::HopperGemmOperands o;
+  o.positions = positions.data_ptr<int64_t>();
+  o.inv_freq = inv_freq.data_ptr<float>();
+  o.rotate_columns = rotate_columns;
+  o.n = w.size(0);
+  Launch(o, kernels::HopperEpilogue::kRope, x, w, /*w_transposed=*/false, out);
+  return out;
+#else
+  (void)x, (void)w, (void)positions, (void)inv_freq, (void)head_dim, (void)rotate_columns;
+  return {};
+#endif
+}
+
 void SetSwiGluGemm(int level) { Setting().store(level); }
 
 int SwiGluGemmLevel() { return Setting().load(std::memory_order_relaxed); }
 
-SwiGluGemmCounts SwiGluGemmRuns() { return {forward_runs.load(), backward_runs.load()}; }
+EpilogueGemmCounts EpilogueGemmRuns() { return {forward_runs.load(), backward_runs.load(), rope_runs.load()}; }
+
+void SetRopeGemm(bool on) { RopeSetting().store(on); }
+
+bool RopeGemmEnabled() { return RopeSetting().load(std::memory_order_relaxed); }
 
 }  // namespace trainerd::engine

@@ -1,4 +1,4 @@
-// engine/swiglu_gemm.h: SwiGLU in the MLP's GEMMs. Forward: the gate|up
+// engine/epilogue_gemm.h. SwiGLU in the MLP's GEMMs. Forward: the gate|up
 // group's GEMM makes h = silu(gate) * up in rows with the down group's spare
 // columns, FusedSwiGlu given it returns it as its node's output, and the
 // outputs, loss and gradients are SwiGLU's own pass's. Backward: down's
@@ -8,12 +8,17 @@
 // A model whose MLPs the GEMM takes trains the same at every level (on the
 // GPU). (The model with SwiGLU's backward in down's node, on any device:
 // speed_paths_test's SwiGluInDown.)
+// The rotary embedding in q|k|v's GEMM: the product against cuBLAS's and the
+// rotation; q|k|v's node, asked to rotate, gives FusedQkvRope's outputs and
+// gradients (on any device: the rotation in place over the product where
+// the GEMM of our own does not take it); a model trains the same with it.
 // Its results against cuBLAS and the SwiGLU kernel are the point on the GPU
 // (TRAINERD_TEST_DEVICE=cuda TRAINERD_TEST_DTYPE=bfloat16 on an H100/H200); on
 // the CPU (CI) the fall-back's plumbing is what runs.
-#include "engine/swiglu_gemm.h"
+#include "engine/epilogue_gemm.h"
 
 #include <algorithm>
+#include <array>
 #include <map>
 #include <memory>
 #include <string>
@@ -138,10 +143,10 @@ TEST(SwiGluGemm, SameAsSwiGlusOwnPass) {
     GateUp gate_up(s.in, s.f);
     const torch::Tensor p = torch::randn({s.tokens, s.in}, opts);
     bool made_with = false, made_without = false;
-    const engine::SwiGluGemmCounts before = engine::SwiGluGemmRuns();
+    const engine::EpilogueGemmCounts before = engine::EpilogueGemmRuns();
     torch::manual_seed(17);
     const std::vector<torch::Tensor> with = gate_up.Run(p, s.spare, /*on=*/true, &made_with);
-    const engine::SwiGluGemmCounts after = engine::SwiGluGemmRuns();
+    const engine::EpilogueGemmCounts after = engine::EpilogueGemmRuns();
     torch::manual_seed(17);
     const std::vector<torch::Tensor> without = gate_up.Run(p, s.spare, /*on=*/false, &made_without);
     const bool expected = Expected(s.tokens, 2 * s.f, gate_up.group.widened.size(1));
@@ -163,17 +168,17 @@ TEST(SwiGluGemm, SameAsSwiGlusOwnPass) {
 TEST(SwiGluGemm, DeclinesWhatItShould) {
   const auto opts = torch::TensorOptions().dtype(TorchTestDtype()).device(TorchTestDevice());
   engine::SetSwiGluGemm(1);
-  const int64_t runs_before = engine::SwiGluGemmRuns().forward;
+  const int64_t runs_before = engine::EpilogueGemmRuns().forward;
   torch::Tensor h;
   const torch::Tensor small_x = torch::randn({256, 512}, opts), small_w = torch::randn({1024, 512}, opts);
   EXPECT_FALSE(engine::GateUpWithSwiGlu(small_x, small_w, 8, &h).defined());
   EXPECT_FALSE(h.defined());
   const torch::Tensor x = torch::randn({4224, 1024}, opts), w = torch::randn({4096, 1024}, opts) * 0.03;
   EXPECT_FALSE(engine::GateUpWithSwiGlu(x, w, 4, &h).defined()) << "spare columns not a multiple of 8";
-  EXPECT_EQ(engine::SwiGluGemmRuns().forward, runs_before);
+  EXPECT_EQ(engine::EpilogueGemmRuns().forward, runs_before);
   const torch::Tensor gate_up = engine::GateUpWithSwiGlu(x, w, 8, &h);
   EXPECT_EQ(gate_up.defined(), Expected(4224, 4096, 1024));
-  EXPECT_EQ(engine::SwiGluGemmRuns().forward - runs_before, Expected(4224, 4096, 1024) ? 1 : 0);
+  EXPECT_EQ(engine::EpilogueGemmRuns().forward - runs_before, Expected(4224, 4096, 1024) ? 1 : 0);
   if (gate_up.defined()) {
     // Against cuBLAS and the SwiGLU pass directly.
     const torch::Tensor reference = torch::mm(x, w.t());
@@ -204,7 +209,7 @@ TEST(SwiGluGemm, DownInputGradientMatchesCublasAndTheKernel) {
   engine::SetSwiGluGemm(1);
   const torch::Tensor at_level_1 = engine::DownInputGradientWithSwiGlu(x, w, gate, up);
   engine::SetSwiGluGemm(2);
-  const engine::SwiGluGemmCounts before = engine::SwiGluGemmRuns();
+  const engine::EpilogueGemmCounts before = engine::EpilogueGemmRuns();
   const torch::Tensor grads = engine::DownInputGradientWithSwiGlu(x, w, gate, up);
   const torch::Tensor apart = engine::DownInputGradientWithSwiGlu(x, w, gate.contiguous(), up.contiguous());
   engine::SetSwiGluGemm(0);
@@ -212,7 +217,7 @@ TEST(SwiGluGemm, DownInputGradientMatchesCublasAndTheKernel) {
   const bool expected = Expected(tokens, f, k);
   EXPECT_EQ(grads.defined(), expected);
   EXPECT_FALSE(apart.defined()) << "gate and up in buffers of their own";
-  const engine::SwiGluGemmCounts after = engine::SwiGluGemmRuns();
+  const engine::EpilogueGemmCounts after = engine::EpilogueGemmRuns();
   EXPECT_EQ(after.backward - before.backward, expected ? 1 : 0);
   EXPECT_EQ(after.forward, before.forward);
   testing::Report("SwiGLU's backward made by down's GEMM", grads.defined() ? 1 : 0);
@@ -223,15 +228,21 @@ TEST(SwiGluGemm, DownInputGradientMatchesCublasAndTheKernel) {
   }
 }
 
-// A llama of random weights at sizes where the GEMM of our own takes its
-// MLPs' products on an H100 or H200: the fixture's config with hidden 512,
-// MLP 2048, 8 heads of 64 (2 kv heads), 2 layers; LoRA r 16 on every
-// projection, B random so that every adapter's gradient path counts.
-std::unique_ptr<engine::LlamaModel> HopperSizedModel() {
+// The shape of a llama of random weights (HopperSizedModel).
+struct ModelShape {
+  int64_t hidden, f, heads, kv_heads, d;
+};
+
+// A llama of random weights, 2 layers, at sizes where the GEMM of our own
+// takes its products on an H100 or H200: by default the fixture's config with
+// hidden 512, MLP 2048, 8 heads of 64 (2 kv heads) (the MLPs'); LoRA r 16 on
+// every projection, B random so that every adapter's gradient path counts.
+std::unique_ptr<engine::LlamaModel> HopperSizedModel(const ModelShape& shape = {512, 2048, 8, 2, 64}) {
   auto base = engine::LoadModelConfig(testing::Fixture("llama/model"));
   EXPECT_TRUE(base.ok());
   nlohmann::json j = base->raw;
-  const int64_t hidden = 512, f = 2048, heads = 8, kv_heads = 2, d = 64, layers = 2;
+  const int64_t hidden = shape.hidden, f = shape.f, heads = shape.heads, kv_heads = shape.kv_heads, d = shape.d;
+  const int64_t layers = 2;
   j["hidden_size"] = hidden;
   j["intermediate_size"] = f;
   j["num_attention_heads"] = heads;
@@ -239,7 +250,7 @@ std::unique_ptr<engine::LlamaModel> HopperSizedModel() {
   j["head_dim"] = d;
   j["num_hidden_layers"] = layers;
   j["max_position_embeddings"] = 4096;
-  auto config = engine::ParseModelConfig(j, "the fixture's config at hidden 512");
+  auto config = engine::ParseModelConfig(j, "the fixture's config at hidden " + std::to_string(hidden));
   EXPECT_TRUE(config.ok());
   const auto opts = torch::TensorOptions().dtype(TorchTestDtype()).device(TorchTestDevice());
   torch::manual_seed(23);
@@ -275,6 +286,48 @@ std::unique_ptr<engine::LlamaModel> HopperSizedModel() {
   return std::move(*model);
 }
 
+// Two rows of 2048 random tokens (storage keeps the examples).
+engine::Batch TwoRows(const engine::LlamaModel& model, std::vector<engine::TokenExample>& storage) {
+  storage.assign(2, {});
+  torch::manual_seed(29);
+  for (engine::TokenExample& ex : storage) {
+    const torch::Tensor ids = torch::randint(0, model.config().vocab_size, {2048}, torch::kInt64);
+    ex.input_ids.assign(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + 2048);
+    ex.labels = ex.input_ids;
+  }
+  return engine::MakeBatch({&storage[0], &storage[1]}, model.device());
+}
+
+// The model's loss on the batch and every adapter's gradient.
+struct Trained {
+  torch::Tensor loss;
+  std::vector<torch::Tensor> grads;
+};
+Trained LossAndGradients(const engine::LlamaModel& model, const engine::Batch& batch) {
+  for (const auto& [_, t] : engine::LoraNamedParameters(model)) t.mutable_grad() = torch::Tensor();
+  Trained r;
+  r.loss = engine::CausalLmLossSum(model, batch);
+  r.loss.backward();
+  for (const auto& [_, t] : engine::LoraNamedParameters(model)) r.grads.push_back(t.grad().detach().clone());
+  r.loss = r.loss.detach();
+  return r;
+}
+
+// `with` against `without`: the loss within the loss tolerance, every adapter
+// gradient within ten times it; reported under `what`.
+void ExpectTrainsAs(const Trained& with, const Trained& without, const std::string& what) {
+  EXPECT_LE(testing::Report(what + ": the loss", RelativeError(with.loss, without.loss)),
+            testing::TestTolerances().loss);
+  ASSERT_EQ(with.grads.size(), without.grads.size());
+  double worst = 0;
+  for (size_t i = 0; i < without.grads.size(); ++i) {
+    const double e = RelativeError(with.grads[i], without.grads[i]);
+    worst = std::max(worst, e);
+    EXPECT_LE(e, testing::TestTolerances().loss * 10) << "adapter tensor " << i;
+  }
+  testing::Report(what + ": the worst adapter gradient", worst);
+}
+
 // The model above at levels 0, 1 and 2 on two rows of 2048 tokens: at 1 and
 // 2 the GEMM takes each layer's gate|up product (and at 2 down's input
 // gradient) exactly once, and the loss and every adapter gradient are level
@@ -287,32 +340,20 @@ TEST(SwiGluGemm, ModelTrainsAsWithoutItAtEveryLevel) {
   }
   auto model = HopperSizedModel();
   model->set_training(true);
-  std::vector<engine::TokenExample> storage(2);
-  torch::manual_seed(29);
-  for (engine::TokenExample& ex : storage) {
-    const torch::Tensor ids = torch::randint(0, model->config().vocab_size, {2048}, torch::kInt64);
-    ex.input_ids.assign(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + 2048);
-    ex.labels = ex.input_ids;
-  }
-  const engine::Batch batch = engine::MakeBatch({&storage[0], &storage[1]}, model->device());
+  std::vector<engine::TokenExample> storage;
+  const engine::Batch batch = TwoRows(*model, storage);
   struct Result {
-    torch::Tensor loss;
-    std::vector<torch::Tensor> grads;
+    Trained trained;
     int64_t forward = 0, backward = 0;
   };
   auto run = [&](int level) {
     engine::SetSwiGluGemm(level);
-    for (const auto& [_, t] : engine::LoraNamedParameters(*model)) t.mutable_grad() = torch::Tensor();
-    const engine::SwiGluGemmCounts before = engine::SwiGluGemmRuns();
-    Result r;
-    r.loss = engine::CausalLmLossSum(*model, batch);
-    r.loss.backward();
-    const engine::SwiGluGemmCounts after = engine::SwiGluGemmRuns();
+    const engine::EpilogueGemmCounts before = engine::EpilogueGemmRuns();
+    Result r{LossAndGradients(*model, batch)};
+    const engine::EpilogueGemmCounts after = engine::EpilogueGemmRuns();
     engine::SetSwiGluGemm(0);
     r.forward = after.forward - before.forward;
     r.backward = after.backward - before.backward;
-    for (const auto& [_, t] : engine::LoraNamedParameters(*model)) r.grads.push_back(t.grad().detach().clone());
-    r.loss = r.loss.detach();
     return r;
   };
   const Result plain = run(0);
@@ -322,18 +363,183 @@ TEST(SwiGluGemm, ModelTrainsAsWithoutItAtEveryLevel) {
     const Result fused = run(level);
     EXPECT_EQ(fused.forward, 2) << "gate|up of each layer";
     EXPECT_EQ(fused.backward, level == 2 ? 2 : 0) << "down's input gradient of each layer";
-    EXPECT_LE(testing::Report("level " + std::to_string(level) + ": the loss against level 0's",
-                              RelativeError(fused.loss, plain.loss)),
-              testing::TestTolerances().loss);
-    ASSERT_EQ(fused.grads.size(), plain.grads.size());
-    double worst = 0;
-    for (size_t i = 0; i < plain.grads.size(); ++i) {
-      const double e = RelativeError(fused.grads[i], plain.grads[i]);
-      worst = std::max(worst, e);
-      EXPECT_LE(e, testing::TestTolerances().loss * 10) << "adapter tensor " << i;
-    }
-    testing::Report("level " + std::to_string(level) + ": the worst adapter gradient against level 0's", worst);
+    ExpectTrainsAs(fused.trained, plain.trained, "level " + std::to_string(level) + " against level 0");
   }
+}
+
+// ---- the rotary embedding in q|k|v's GEMM ----
+
+// Llama 3's frequencies for heads of d (theta 500,000), float32 on the test device.
+torch::Tensor InvFreq(int64_t d) {
+  const auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(TorchTestDevice());
+  return 1.0 / torch::pow(500000.0, torch::arange(0, d, 2, f32) / static_cast<double>(d));
+}
+
+// Two packed sequences' positions over `tokens` rows, the second from 3000 on
+// (angles in the thousands, as long sequences have them).
+torch::Tensor TwoSequencePositions(int64_t tokens) {
+  const auto i64 = torch::TensorOptions().dtype(torch::kInt64).device(TorchTestDevice());
+  const int64_t first = tokens / 2;
+  return torch::cat({torch::arange(first, i64), torch::arange(3000, 3000 + tokens - first, i64)});
+}
+
+// The product against cuBLAS's with the rotation after it (FusedRope's, on
+// the heads of q and k; v's columns the product's), taken exactly where it
+// should be; declined switched off, for heads of 64, a rotated region that
+// is not whole heads of 128, and a product too small for the SMs.
+TEST(RopeGemm, ProductMatchesCublasAndTheRotation) {
+  torch::manual_seed(31);
+  const auto opts = torch::TensorOptions().dtype(TorchTestDtype()).device(TorchTestDevice());
+  const int64_t tokens = 4200, k = 1024, heads = 8, kv_heads = 1, d = 128;
+  const int64_t n = (heads + 2 * kv_heads) * d, rotated = (heads + kv_heads) * d;
+  const torch::Tensor x = torch::randn({tokens, k + 8}, opts).narrow(1, 0, k);
+  const torch::Tensor w = torch::randn({n, k}, opts) * 0.03;
+  const torch::Tensor positions = TwoSequencePositions(tokens), inv_freq = InvFreq(d);
+  engine::SetRopeGemm(false);
+  EXPECT_FALSE(engine::ProductWithRope(x, w, positions, inv_freq, d, rotated).defined()) << "switched off";
+  engine::SetRopeGemm(true);
+  const int64_t runs_before = engine::EpilogueGemmRuns().rope;
+  EXPECT_FALSE(engine::ProductWithRope(x, w, positions, InvFreq(64), 64, rotated).defined()) << "heads of 64";
+  EXPECT_FALSE(engine::ProductWithRope(x, w, positions, inv_freq, d, rotated - 64).defined()) << "half a head";
+  EXPECT_FALSE(engine::ProductWithRope(x.narrow(0, 0, 256), w, positions.narrow(0, 0, 256), inv_freq, d, rotated)
+                   .defined())
+      << "too small to fill the SMs";
+  EXPECT_EQ(engine::EpilogueGemmRuns().rope, runs_before);
+  const torch::Tensor product = engine::ProductWithRope(x, w, positions, inv_freq, d, rotated);
+  engine::SetRopeGemm(false);
+  const bool expected = Expected(tokens, n, k);
+  EXPECT_EQ(product.defined(), expected);
+  EXPECT_EQ(engine::EpilogueGemmRuns().rope - runs_before, expected ? 1 : 0);
+  testing::Report("q|k|v's product rotated by its GEMM", product.defined() ? 1 : 0);
+  if (product.defined()) {
+    const torch::Tensor reference = torch::mm(x, w.t());
+    const torch::Tensor qk = reference.narrow(1, 0, rotated).reshape({tokens, heads + kv_heads, d});
+    EXPECT_LE(RelativeError(product.narrow(1, 0, rotated).reshape({tokens, heads + kv_heads, d}),
+                            engine::FusedRope(qk, positions, inv_freq)),
+              Tolerance());
+    EXPECT_LE(RelativeError(product.narrow(1, rotated, n - rotated), reference.narrow(1, rotated, n - rotated)),
+              Tolerance())
+        << "v's columns: the product itself";
+  }
+}
+
+// q, k and v layers (heads of d; k and v with kv_heads) on an input of `in`,
+// each with a rank-8 LoRA, widened into one group.
+struct Qkv {
+  std::vector<engine::Linear> layers;
+  engine::LinearGroup group;
+  std::vector<const engine::Linear*> members;
+  int64_t heads, kv_heads, d;
+
+  Qkv(int64_t in, int64_t heads_, int64_t kv_heads_, int64_t d_)
+      : layers(3), heads(heads_), kv_heads(kv_heads_), d(d_) {
+    const auto opts = torch::TensorOptions().dtype(TorchTestDtype()).device(TorchTestDevice());
+    const auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(TorchTestDevice());
+    const int64_t outs[3] = {heads * d, kv_heads * d, kv_heads * d};
+    for (int i = 0; i < 3; ++i) {
+      layers[i].weight = torch::randn({outs[i], in}, opts) * 0.03;
+      engine::LoraWeights lora;
+      lora.a = (torch::randn({8, in}, f32) * 0.03).set_requires_grad(true);
+      lora.b = (torch::randn({outs[i], 8}, f32) * 0.03).set_requires_grad(true);
+      lora.scaling = 2.0;
+      layers[i].lora = lora;
+    }
+    engine::Widen(group, {&layers[0], &layers[1], &layers[2]});
+    members = {&layers[0], &layers[1], &layers[2]};
+  }
+
+  // Attention's q, k and v for input p: rotated by the group's node (in_node,
+  // the setting on), or after it by FusedQkvRope; then the gradients of a
+  // loss weighing every element differently: {q, k, v, dp, dA_q, dB_q, ...}.
+  // wide: p comes in rows with the group's spare columns (the norm's output,
+  // the product's GEMM widened in place), else dense (the node's other
+  // path). *rotated: whether the node rotated.
+  std::vector<torch::Tensor> Run(const torch::Tensor& p, const torch::Tensor& positions, bool in_node, bool wide,
+                                 bool* rotated) {
+    engine::SetRopeGemm(in_node);
+    for (auto& l : layers) {
+      l.lora->a.mutable_grad() = torch::Tensor();
+      l.lora->b.mutable_grad() = torch::Tensor();
+    }
+    const torch::Tensor leaf = p.clone().requires_grad_(true);
+    const torch::Tensor x = wide ? testing::WideRowsFunction::apply(leaf, group.cols) : leaf;
+    const torch::Tensor inv_freq = InvFreq(d);
+    engine::QkvRope rope{positions, inv_freq, d, heads + kv_heads};
+    const std::vector<torch::Tensor> qkv =
+        engine::ForwardGroup(group, members, x, {}, {}, nullptr, nullptr, in_node ? &rope : nullptr);
+    *rotated = rope.done;
+    const int64_t n = p.size(0);
+    std::array<torch::Tensor, 3> heads_of{qkv[0].view({n, heads, d}), qkv[1].view({n, kv_heads, d}),
+                                          qkv[2].view({n, kv_heads, d})};
+    if (!in_node) heads_of = engine::FusedQkvRope(heads_of[0], heads_of[1], heads_of[2], positions, inv_freq);
+    const auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(TorchTestDevice());
+    torch::manual_seed(37);
+    torch::Tensor loss = torch::zeros({}, f32);
+    for (const torch::Tensor& t : heads_of) loss = loss + (t.to(torch::kFloat32) * torch::randn(t.sizes(), f32)).sum();
+    loss.backward();
+    std::vector<torch::Tensor> results;
+    for (const torch::Tensor& t : heads_of) results.push_back(t.detach().clone());
+    results.push_back(leaf.grad().clone());
+    for (const auto& l : layers) {
+      results.push_back(l.lora->a.grad().clone());
+      results.push_back(l.lora->b.grad().clone());
+    }
+    engine::SetRopeGemm(false);
+    return results;
+  }
+};
+
+// q|k|v's node asked to rotate gives FusedQkvRope's q, k and v, and the same
+// input and adapter gradients, on both of the node's paths (a widened input,
+// whose product the GEMM of our own takes where Expected says; a dense one,
+// rotated in place after the product); 8 heads and one kv head of 128, so
+// that v's columns start inside a tile of the GEMM.
+TEST(RopeGemm, QkvNodeRotatesAsFusedQkvRope) {
+  const auto opts = torch::TensorOptions().dtype(TorchTestDtype()).device(TorchTestDevice());
+  const int64_t tokens = 4200, in = 1000;
+  torch::manual_seed(41);
+  Qkv qkv(in, 8, 1, 128);
+  const torch::Tensor p = torch::randn({tokens, in}, opts);
+  const torch::Tensor positions = TwoSequencePositions(tokens);
+  for (bool wide : {true, false}) {
+    SCOPED_TRACE(wide ? "a widened input" : "a dense input");
+    bool rotated_on = false, rotated_off = true;
+    const int64_t runs_before = engine::EpilogueGemmRuns().rope;
+    const std::vector<torch::Tensor> on = qkv.Run(p, positions, /*in_node=*/true, wide, &rotated_on);
+    const int64_t runs = engine::EpilogueGemmRuns().rope - runs_before;
+    const std::vector<torch::Tensor> off = qkv.Run(p, positions, /*in_node=*/false, wide, &rotated_off);
+    EXPECT_TRUE(rotated_on);
+    EXPECT_FALSE(rotated_off);
+    const bool expected = wide && Expected(tokens, qkv.group.widened.size(0), qkv.group.widened.size(1));
+    EXPECT_EQ(runs, expected ? 1 : 0);
+    ASSERT_EQ(on.size(), off.size());
+    for (size_t i = 0; i < on.size(); ++i) {
+      EXPECT_LE(RelativeError(on[i], off[i]), Tolerance()) << "result " << i;
+    }
+  }
+}
+
+// A model with heads of 128 (hidden 1024, 8 heads, one kv head) trains the
+// same with the rotary embedding in q|k|v's GEMM: the GEMM takes each layer's
+// product once; the loss and adapter gradients as without it. Only where the
+// GEMM takes these products (bf16 on a Hopper GPU).
+TEST(RopeGemm, ModelTrainsAsWithoutIt) {
+  const int64_t tokens = 2 * 2048;
+  if (!Expected(tokens, 10 * 128, 1024)) {
+    GTEST_SKIP() << "the GEMM takes no product here (it needs bf16 on a Hopper GPU)";
+  }
+  auto model = HopperSizedModel({1024, 2048, 8, 1, 128});
+  model->set_training(true);
+  std::vector<engine::TokenExample> storage;
+  const engine::Batch batch = TwoRows(*model, storage);
+  const Trained plain = LossAndGradients(*model, batch);
+  engine::SetRopeGemm(true);
+  const int64_t before = engine::EpilogueGemmRuns().rope;
+  const Trained rotated = LossAndGradients(*model, batch);
+  const int64_t runs = engine::EpilogueGemmRuns().rope - before;
+  engine::SetRopeGemm(false);
+  EXPECT_EQ(runs, 2) << "q|k|v of each layer";
+  ExpectTrainsAs(rotated, plain, "the rotary embedding in q|k|v's GEMM against FusedQkvRope");
 }
 
 }  // namespace

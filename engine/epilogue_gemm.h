@@ -1,3 +1,7 @@
+// Passes taken into the epilogues of the GEMM of our own
+// (engine/kernels/hopper_gemm.h), on a Hopper GPU: SwiGLU's forward and
+// backward in the MLP's GEMMs, and the rotary embedding in q|k|v's.
+//
 // SwiGLU inside the MLP's GEMMs. Forward: on a Hopper GPU the GEMM of our own
 // (engine/kernels/hopper_gemm.h) writes gate|up's product [gate | up] (kept
 // for the backward) and h = silu(gate) * up from its epilogue, which runs
@@ -57,10 +61,32 @@ int SwiGluGemmLevel();
 
 // Products the GEMM of our own has run in this process, by kind: launches
 // from the host (a CUDA graph's capture counts, its replays do not).
-struct SwiGluGemmCounts {
+struct EpilogueGemmCounts {
   int64_t forward = 0;   // GateUpWithSwiGlu
   int64_t backward = 0;  // DownInputGradientWithSwiGlu
+  int64_t rope = 0;      // ProductWithRope
 };
-SwiGluGemmCounts SwiGluGemmRuns();
+EpilogueGemmCounts EpilogueGemmRuns();
+
+// The rotary embedding in q|k|v's GEMM: x (m, k) w^T for w (n, k) as stored
+// (the q|k|v group's rows), with the first rotate_columns columns' heads of
+// 128 (q's and k's) rotated by positions (m int64) and inv_freq (64 float32)
+// as FusedRope would rotate the product rounded to bf16 (its cos and sin
+// rounded to bf16 too); the other columns (v's) the product itself. Where
+// the GEMM of our own takes it: the setting on (SetRopeGemm), x and w as
+// for GateUpWithSwiGlu, head_dim 128, rotate_columns a multiple of 128 up
+// to n, positions and inv_freq contiguous on x's device, and a shape the
+// kernel suits; else an undefined tensor.
+torch::Tensor ProductWithRope(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& positions,
+                              const torch::Tensor& inv_freq, int64_t head_dim, int64_t rotate_columns);
+
+// Whether q|k|v's node applies the rotary embedding itself (engine/
+// linear_group.h, QkvRope): in its GEMM's epilogue where ProductWithRope
+// takes it, else in place over its product, and attention reads q, k and v
+// as views of that product (no rotated copies, no copy of v). From the
+// environment's TRAINERD_HOPPER_ROPE ("1"; read once, off otherwise) or
+// SetRopeGemm. Off by default until the training step is measured faster.
+void SetRopeGemm(bool on);
+bool RopeGemmEnabled();
 
 }  // namespace trainerd::engine
