@@ -632,11 +632,12 @@ __global__ void __launch_bounds__(kThreads, 1) GemmKernel(const __grid_constant_
           for (int j = 0; j < kBlockN / 64; ++j) {
             TmaLoad(b + j * kBoxBytes, &maps.w, tile.n * kBlockN + 64 * j, k, &full[s]);
           }
-        } else if (kEpilogue == HopperEpilogue::kPlain) {
-          TmaLoad(b, &maps.w, k, tile.n * kBlockN, &full[s]);
-        } else {
+        } else if (kEpilogue == HopperEpilogue::kSwiGlu) {
+          // The tile's gate rows, then the same rows of up.
           TmaLoad(b, &maps.w, k, tile.n * (kBlockN / 2), &full[s]);
           TmaLoad(b + kBBytes / 2, &maps.w_up, k, tile.n * (kBlockN / 2), &full[s]);
+        } else {
+          TmaLoad(b, &maps.w, k, tile.n * kBlockN, &full[s]);
         }
       }
     }
