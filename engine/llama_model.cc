@@ -265,11 +265,13 @@ torch::Tensor LlamaModel::Attention(const DecoderLayer& layer, const torch::Tens
   const int64_t b = x.size(0), t = x.size(1), d = config_.head_dim;
   const int64_t nh = config_.num_attention_heads, nkv = config_.num_key_value_heads;
   // With the rotary embedding in q|k|v's node (RopeGemmEnabled), the group
-  // returns q and k rotated and attention reads q, k and v as views of its
-  // product, which it keeps whole for its backward (what the rotated copies
-  // and v's copy below keep otherwise).
+  // returns q and k rotated and cuDNN's attention reads q, k and v as views of
+  // its product, which it keeps whole for its backward (what the rotated
+  // copies and v's copy below keep otherwise). Not for flash attention's
+  // packed rows: it takes q, k and v contiguous, so the copies would come back.
   QkvRope rope;
-  const bool rope_in_group = RopeGemmEnabled() && in.segments.defined() && !in.cos.defined();
+  const bool rope_in_group = RopeGemmEnabled() && in.segments.defined() && !in.cos.defined() &&
+                             in.cudnn != CudnnAttentionMode::kUnavailable;
   if (rope_in_group) rope = {in.positions, inv_freq_, d, nh + nkv};
   std::vector<torch::Tensor> qkv =
       ForwardGroup(layer.QkvGroup(), x, x_recipe, {layer_masks.draw, layer_masks.first + DecoderLayer::kQkvFirst},
