@@ -14,6 +14,7 @@
 #   BUDGET_S   start no further setting after this many seconds (default 0: run them all)
 #   and run.sh's own (BUILD_DIR, NO_BUILD, WORK_DIR, RUN_TIMEOUT_S, ...): the first setting builds the
 #   worker if run.sh would, the others reuse it (NO_BUILD=1)
+# Exit status: 2 for a malformed setting (nothing runs), 1 when a setting's run failed, else 0.
 # Prints, per setting, run.sh's trainerd line (step time, tokens/s, the products the GEMM took in the
 # first step); run.sh's whole output per setting in $WORK_DIR/settings/ (default /tmp/trainerd-speed).
 set -uo pipefail
@@ -25,13 +26,17 @@ logs=${WORK_DIR:-/tmp/trainerd-speed}/settings
 mkdir -p "$logs"
 no_build=${NO_BUILD:-0}
 for s in $settings; do
+  case "$s" in [012],[01]) ;; *) echo "error: setting '$s' is not G,R with G in 0-2, R in 0-1"; exit 2 ;; esac
+done
+failed=0
+for s in $settings; do
   gemm=${s%,*} rope=${s#*,}
-  case "$gemm,$rope" in [012],[01]) ;; *) echo "error: setting '$s' is not G,R with G in 0-2, R in 0-1"; exit 2 ;; esac
   if [ "$budget" -gt 0 ] && [ "$SECONDS" -ge "$budget" ]; then echo "BUDGET_S reached: not run: $s and after"; break; fi
   log=$logs/$row-gemm$gemm-rope$rope-$SECONDS.txt
   TRAINERD_HOPPER_GEMM=$gemm TRAINERD_HOPPER_ROPE=$rope ROWS=$row SYSTEMS=trainerd NO_BUILD=$no_build \
-    bash bench/speed/run.sh > "$log" 2>&1
+    bash bench/speed/run.sh > "$log" 2>&1 || failed=1
   echo "== TRAINERD_HOPPER_GEMM=$gemm TRAINERD_HOPPER_ROPE=$rope (at $SECONDS s; $log)"
   grep -E '^\|.*trainerd|ERROR' "$log" | head -3
   no_build=1  # built (or not buildable) by the first setting
 done
+exit "$failed"  # 1 when a setting's run did not give its result
