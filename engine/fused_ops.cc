@@ -328,9 +328,17 @@ struct RopePart {
   bool rotate = true;
 };
 
-// Every part of one token count, head size and dtype in one launch.
+// Every part of one token count, head size and dtype: one launch for each
+// kernels::kMaxRopeSegments of them.
 void RotateInto(const std::vector<RopePart>& parts, const torch::Tensor& position_ids,
                 const torch::Tensor& inv_freq, bool inverse) {
+  if (parts.size() > static_cast<size_t>(kernels::kMaxRopeSegments)) {
+    for (size_t begin = 0; begin < parts.size(); begin += kernels::kMaxRopeSegments) {
+      const size_t end = std::min(parts.size(), begin + kernels::kMaxRopeSegments);
+      RotateInto(std::vector<RopePart>(parts.begin() + begin, parts.begin() + end), position_ids, inv_freq, inverse);
+    }
+    return;
+  }
   if (parts.empty()) return;
   std::vector<kernels::RopeSegment> segments;
   std::vector<torch::Tensor> inputs;  // alive until the launch
