@@ -313,6 +313,58 @@ TEST(FusedOpsCpuTest, QkvRopeIsThePlainRopesAndACopyOfV) {
   }
 }
 
+// A q|k|v product rotated in place and its gradient rotated back into one
+// buffer (what q|k|v's node does when asked to rotate, engine/linear_group.h):
+// FusedRope's rotations of q's and k's heads, v's columns untouched; and the
+// gradients autograd gives through FusedRope's, to the bit. Also with the
+// rotated heads ending inside a part (k's first head rotated, its second not),
+// and with a part's gradient missing (zeros).
+void ExpectProductRotations(torch::Device device) {
+  const int64_t tokens = 9, heads = 4, kv_heads = 2, d = 16, width = (heads + 2 * kv_heads) * d;
+  const torch::Tensor pos = Positions(tokens, 0, device), inv = InvFreq(d, device);
+  const std::vector<int64_t> parts = {heads, kv_heads, kv_heads};
+  for (auto dtype : {torch::kFloat32, torch::kBFloat16}) {
+    for (int64_t rotated : {heads + kv_heads, heads + 1}) {
+      for (bool all_gradients : {true, false}) {
+        const std::string what = DTypeName(dtype) + ", " + std::to_string(rotated) + " heads rotated" +
+                                 (all_gradients ? "" : ", k's gradient missing");
+        const torch::Tensor y0 = Random({tokens, width}, dtype, device);
+        torch::Tensor y = y0.clone();
+        RotateHeadsInPlace(y, rotated, d, pos, inv);
+        // The reference: each head rotated alone by FusedRope (the kernel on
+        // CUDA, PlainRope on the CPU), with autograd.
+        const torch::Tensor leaf = y0.view({tokens, width / d, d}).clone().requires_grad_();
+        std::vector<torch::Tensor> heads_out;
+        for (int64_t h = 0; h < width / d; ++h) {
+          const torch::Tensor head = leaf.narrow(1, h, 1);
+          heads_out.push_back(h < rotated ? FusedRope(head, pos, inv) : head * 1);
+        }
+        const torch::Tensor expected = torch::cat(heads_out, 1);
+        EXPECT_TRUE(torch::equal(y, expected.detach().reshape({tokens, width}))) << what;
+        std::vector<torch::Tensor> grads;
+        int64_t first = 0;
+        const torch::Tensor g = Random({tokens, width / d, d}, dtype, device);
+        torch::Tensor used = g.clone();
+        for (size_t i = 0; i < parts.size(); ++i) {
+          const bool missing = !all_gradients && i == 1;
+          grads.push_back(missing ? torch::Tensor() : g.narrow(1, first, parts[i]));
+          if (missing) used.narrow(1, first, parts[i]).zero_();
+          first += parts[i];
+        }
+        expected.backward(used);
+        const torch::Tensor buffer = QkvRopeGradient(grads, parts, rotated, pos, inv);
+        EXPECT_EQ(buffer.sizes(), (std::vector<int64_t>{tokens, width})) << what;
+        EXPECT_TRUE(torch::equal(buffer, leaf.grad().reshape({tokens, width}))) << what;
+      }
+    }
+  }
+}
+
+TEST(FusedOpsCpuTest, ProductRotatedInPlaceAndItsGradientRotatedBack) {
+  SeedForTest();
+  ExpectProductRotations(torch::kCPU);
+}
+
 TEST(FusedOpsCpuTest, SoftmaxCrossEntropyRowsIsPlain) {
   SeedForTest();
   const int64_t rows = 7, vocab = 37;
@@ -735,6 +787,13 @@ TEST_F(FusedOpsCudaTest, QkvRopeIsTheRopesAndACopyOfVBitForBit) {
       }
     }
   }
+}
+
+// The same on the kernel: RotateHeadsInPlace is the kernel rotating the
+// product's rows in place, QkvRopeGradient its inverse into one buffer (four
+// parts, two launches, where the rotated heads end inside k).
+TEST_F(FusedOpsCudaTest, ProductRotatedInPlaceAndItsGradientRotatedBack) {
+  ExpectProductRotations(cuda_);
 }
 
 // FusedScaledCasts is mul_out(dst, src, scale) per copy, to the bit, for
