@@ -6,7 +6,7 @@
 # kernels' and speed paths' tests on CUDA, and the kernels under compute-sanitizer.
 # Logs go to $OUT (or /tmp/gpu-check).
 # QUICK=1: only the engine's CUDA suites (parity, packing, fused kernels, speed paths, step graphs, LoRA
-# dropout, SwiGLU's GEMM; about two minutes with the build): the targets they need are built, and the CPU suite, compute-sanitizer,
+# dropout, the Hopper GEMM's epilogues; about two minutes with the build): the targets they need are built, and the CPU suite, compute-sanitizer,
 # the PEFT and transformers loads, the demo and the daemon are skipped.
 set -uo pipefail
 cd "$(dirname "$0")/.."
