@@ -47,13 +47,25 @@ bool Suits(const torch::Device& where, int64_t m, int64_t n, int64_t k) {
   return kernels::HopperGemmSuits(m, n, k);
 }
 
-// The forward's conditions on the operands (the setting aside).
+// x (m, k) w^T for w (n, k) as stored: bf16 rows on one device, of a shape
+// the kernel suits (the conditions every forward epilogue shares).
+bool TakesProduct(const torch::Tensor& x, const torch::Tensor& w) {
+  return Bf16Rows(x) && Bf16Rows(w) && x.device() == w.device() && w.size(1) == x.size(1) &&
+         Suits(x.device(), x.size(0), w.size(0), x.size(1));
+}
+
+// SwiGLU's forward's conditions on the operands (the setting aside).
 bool Takes(const torch::Tensor& x, const torch::Tensor& w, int64_t h_spare_columns) {
-  if (!Bf16Rows(x) || !Bf16Rows(w) || x.device() != w.device() || w.size(1) != x.size(1) || w.size(0) % 16 != 0 ||
-      h_spare_columns < 0 || h_spare_columns % 8 != 0) {
-    return false;
-  }
-  return Suits(x.device(), x.size(0), w.size(0), x.size(1));
+  return w.size(0) % 16 == 0 && h_spare_columns >= 0 && h_spare_columns % 8 == 0 && TakesProduct(x, w);
+}
+
+// The rotary's tables: positions (m) int64 and inv_freq (64) float32, contiguous on `where`.
+bool RopeTables(const torch::Tensor& positions, const torch::Tensor& inv_freq, int64_t m,
+                const torch::Device& where) {
+  return positions.defined() && positions.scalar_type() == torch::kInt64 && positions.dim() == 1 &&
+         positions.size(0) == m && positions.is_contiguous() && positions.device() == where &&
+         inv_freq.defined() && inv_freq.scalar_type() == torch::kFloat32 && inv_freq.dim() == 1 &&
+         inv_freq.size(0) == 64 && inv_freq.is_contiguous() && inv_freq.device() == where;
 }
 
 // The backward's: x (N, k), w (k, f), gate and up the halves of one buffer.
@@ -144,13 +156,9 @@ torch::Tensor DownInputGradientWithSwiGlu(const torch::Tensor& x, const torch::T
 torch::Tensor ProductWithRope(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& positions,
                               const torch::Tensor& inv_freq, int64_t head_dim, int64_t rotate_columns) {
 #ifdef TRAINERD_WITH_HOPPER_GEMM
-  if (!RopeSetting().load(std::memory_order_relaxed) || !Bf16Rows(x) || !Bf16Rows(w) || x.device() != w.device() ||
-      w.size(1) != x.size(1) || head_dim != 128 || rotate_columns <= 0 || rotate_columns % 128 != 0 ||
-      rotate_columns > w.size(0) || !positions.defined() || positions.scalar_type() != torch::kInt64 ||
-      positions.dim() != 1 || positions.size(0) != x.size(0) || !positions.is_contiguous() ||
-      positions.device() != x.device() || !inv_freq.defined() || inv_freq.scalar_type() != torch::kFloat32 ||
-      inv_freq.dim() != 1 || inv_freq.size(0) != 64 || !inv_freq.is_contiguous() || inv_freq.device() != x.device() ||
-      !Suits(x.device(), x.size(0), w.size(0), x.size(1))) {
+  if (!RopeSetting().load(std::memory_order_relaxed) || head_dim != 128 || rotate_columns <= 0 ||
+      rotate_columns % 128 != 0 || rotate_columns > w.size(0) ||
+      !RopeTables(positions, inv_freq, x.size(0), x.device()) || !TakesProduct(x, w)) {
     return {};
   }
   const c10::cuda::CUDAGuard guard(x.device());

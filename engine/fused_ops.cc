@@ -25,6 +25,15 @@ torch::Tensor RotateHalf(const torch::Tensor& x) {
   return torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
 }
 
+// x rotated by the positions' angles (inverse: the transposed rotation) into
+// out (tokens, heads, d): dense, or token rows of a wider buffer (stride(0)
+// >= heads * d, stride(1) == d, stride(2) == 1); or copied there unchanged
+// (rotate false).
+struct RopePart {
+  torch::Tensor x, out;
+  bool rotate = true;
+};
+
 }  // namespace
 
 torch::Tensor PlainRmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps, torch::Tensor* rstd) {
@@ -319,15 +328,6 @@ bool RopeReadsInPlace(const torch::Tensor& x) {
   return x.stride(2) == 1 && (heads == 1 || x.stride(1) == d) && (tokens == 1 || x.stride(0) >= heads * d);
 }
 
-// x rotated by the positions' angles (inverse: the transposed rotation) into
-// out (tokens, heads, d): dense, or token rows of a wider buffer (stride(0)
-// >= heads * d, stride(1) == d, stride(2) == 1); or copied there unchanged
-// (rotate false).
-struct RopePart {
-  torch::Tensor x, out;
-  bool rotate = true;
-};
-
 // Every part of one token count, head size and dtype: one launch for each
 // kernels::kMaxRopeSegments of them.
 void RotateInto(const std::vector<RopePart>& parts, const torch::Tensor& position_ids,
@@ -615,12 +615,8 @@ torch::Tensor QkvRopeGradient(const std::vector<torch::Tensor>& grads, const std
   int64_t total = 0;
   for (int64_t h : heads) total += h;
   const torch::Tensor buffer = torch::empty({tokens, total * d}, any->options());
-  // The parts split where the rotated heads end: (gradient, buffer columns, rotated).
-  struct Piece {
-    torch::Tensor grad, out;
-    bool rotate;
-  };
-  std::vector<Piece> pieces;
+  // The parts split where the rotated heads end.
+  std::vector<RopePart> pieces;
   int64_t first = 0;
   for (size_t i = 0; i < grads.size(); ++i) {
     const int64_t split = std::clamp(rotated_heads - first, int64_t{0}, heads[i]);
@@ -640,16 +636,14 @@ torch::Tensor QkvRopeGradient(const std::vector<torch::Tensor>& grads, const std
   if (KernelTensor(buffer) && d <= 8192 && position_ids.device() == buffer.device() &&
       inv_freq.device() == buffer.device()) {
     const c10::cuda::CUDAGuard guard(buffer.device());
-    std::vector<RopePart> parts;
-    for (const Piece& p : pieces) parts.push_back({p.grad, p.out, p.rotate});
-    RotateInto(parts, position_ids.to(torch::kInt64).contiguous(), inv_freq.to(torch::kFloat32).contiguous(),
+    RotateInto(pieces, position_ids.to(torch::kInt64).contiguous(), inv_freq.to(torch::kFloat32).contiguous(),
                /*inverse=*/true);
     return buffer;
   }
 #endif
   // The transposed rotation is the rotation by the opposite angles (cos even, sin odd).
   const torch::Tensor negated = -inv_freq;
-  for (const Piece& p : pieces) p.out.copy_(p.rotate ? PlainRope(p.grad, position_ids, negated) : p.grad);
+  for (const RopePart& p : pieces) p.out.copy_(p.rotate ? PlainRope(p.x, position_ids, negated) : p.x);
   return buffer;
 }
 
