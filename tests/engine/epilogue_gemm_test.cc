@@ -69,28 +69,51 @@ bool Expected(int64_t m, int64_t n, int64_t k) {
 // summation order alone; outputs rounded to 8 bits of mantissa).
 double Tolerance() { return TorchTestDtype() == torch::kBFloat16 ? 2e-2 : 2e-6; }
 
-// gate and up layers of width f on an input of `in`, each with a rank-8 LoRA
+// Layers of widths `outs` on an input of `in`, each with a rank-8 LoRA
 // (float32 parameters that want gradients), widened into one group.
-struct GateUp {
+struct LoraGroup {
   std::vector<engine::Linear> layers;
   engine::LinearGroup group;
   std::vector<const engine::Linear*> members;
 
-  GateUp(int64_t in, int64_t f) : layers(2) {
+  LoraGroup(int64_t in, const std::vector<int64_t>& outs) : layers(outs.size()) {
     const auto opts = torch::TensorOptions().dtype(TorchTestDtype()).device(TorchTestDevice());
     const auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(TorchTestDevice());
-    const char* names[2] = {"gate", "up"};
-    for (int i = 0; i < 2; ++i) {
-      layers[i].name = names[i];
-      layers[i].weight = torch::randn({f, in}, opts) * 0.03;
+    std::vector<engine::Linear*> widened;
+    for (size_t i = 0; i < outs.size(); ++i) {
+      layers[i].weight = torch::randn({outs[i], in}, opts) * 0.03;
       engine::LoraWeights lora;
       lora.a = (torch::randn({8, in}, f32) * 0.03).set_requires_grad(true);
-      lora.b = (torch::randn({f, 8}, f32) * 0.03).set_requires_grad(true);
+      lora.b = (torch::randn({outs[i], 8}, f32) * 0.03).set_requires_grad(true);
       lora.scaling = 2.0;
       layers[i].lora = lora;
+      widened.push_back(&layers[i]);
     }
-    engine::Widen(group, {&layers[0], &layers[1]});
-    members = {&layers[0], &layers[1]};
+    engine::Widen(group, widened);
+    members.assign(widened.begin(), widened.end());
+  }
+
+  void ClearLoraGradients() {
+    for (auto& l : layers) {
+      l.lora->a.mutable_grad() = torch::Tensor();
+      l.lora->b.mutable_grad() = torch::Tensor();
+    }
+  }
+
+  // Every layer's dA and dB, in layer order, after `results`.
+  void AppendLoraGradients(std::vector<torch::Tensor>& results) const {
+    for (const auto& l : layers) {
+      results.push_back(l.lora->a.grad().clone());
+      results.push_back(l.lora->b.grad().clone());
+    }
+  }
+};
+
+// gate and up layers of width f on an input of `in` (LoraGroup).
+struct GateUp : LoraGroup {
+  GateUp(int64_t in, int64_t f) : LoraGroup(in, {f, f}) {
+    layers[0].name = "gate";
+    layers[1].name = "up";
   }
 
   // h for input p with the setting `on`, then the gradients of a loss
@@ -98,10 +121,7 @@ struct GateUp {
   // dB_up}. *made: whether the GEMM made h.
   std::vector<torch::Tensor> Run(const torch::Tensor& p, int64_t spare, bool on, bool* made) {
     engine::SetSwiGluGemm(on ? 1 : 0);
-    for (auto& l : layers) {
-      l.lora->a.mutable_grad() = torch::Tensor();
-      l.lora->b.mutable_grad() = torch::Tensor();
-    }
+    ClearLoraGradients();
     // The input as the norm before gate|up leaves it: rows with the group's spare columns.
     const torch::Tensor leaf = p.clone().requires_grad_(true);
     const torch::Tensor x = testing::WideRowsFunction::apply(leaf, group.cols);
@@ -120,10 +140,7 @@ struct GateUp {
         torch::randn({1, h.size(-1)}, torch::TensorOptions().dtype(torch::kFloat32).device(TorchTestDevice()));
     (h.to(torch::kFloat32) * weights).sum().backward();
     std::vector<torch::Tensor> results{h.detach().clone(), leaf.grad().clone()};
-    for (const auto& l : layers) {
-      results.push_back(l.lora->a.grad().clone());
-      results.push_back(l.lora->b.grad().clone());
-    }
+    AppendLoraGradients(results);
     engine::SetSwiGluGemm(0);
     return results;
   }
@@ -423,30 +440,13 @@ TEST(RopeGemm, ProductMatchesCublasAndTheRotation) {
   }
 }
 
-// q, k and v layers (heads of d; k and v with kv_heads) on an input of `in`,
-// each with a rank-8 LoRA, widened into one group.
-struct Qkv {
-  std::vector<engine::Linear> layers;
-  engine::LinearGroup group;
-  std::vector<const engine::Linear*> members;
+// q, k and v layers (heads of d; k and v with kv_heads) on an input of `in`
+// (LoraGroup).
+struct Qkv : LoraGroup {
   int64_t heads, kv_heads, d;
 
   Qkv(int64_t in, int64_t heads_, int64_t kv_heads_, int64_t d_)
-      : layers(3), heads(heads_), kv_heads(kv_heads_), d(d_) {
-    const auto opts = torch::TensorOptions().dtype(TorchTestDtype()).device(TorchTestDevice());
-    const auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(TorchTestDevice());
-    const int64_t outs[3] = {heads * d, kv_heads * d, kv_heads * d};
-    for (int i = 0; i < 3; ++i) {
-      layers[i].weight = torch::randn({outs[i], in}, opts) * 0.03;
-      engine::LoraWeights lora;
-      lora.a = (torch::randn({8, in}, f32) * 0.03).set_requires_grad(true);
-      lora.b = (torch::randn({outs[i], 8}, f32) * 0.03).set_requires_grad(true);
-      lora.scaling = 2.0;
-      layers[i].lora = lora;
-    }
-    engine::Widen(group, {&layers[0], &layers[1], &layers[2]});
-    members = {&layers[0], &layers[1], &layers[2]};
-  }
+      : LoraGroup(in, {heads_ * d_, kv_heads_ * d_, kv_heads_ * d_}), heads(heads_), kv_heads(kv_heads_), d(d_) {}
 
   // Attention's q, k and v for input p: rotated by the group's node (in_node,
   // the setting on), or after it by FusedQkvRope; then the gradients of a
@@ -457,10 +457,7 @@ struct Qkv {
   std::vector<torch::Tensor> Run(const torch::Tensor& p, const torch::Tensor& positions, bool in_node, bool wide,
                                  bool* rotated) {
     engine::SetRopeGemm(in_node);
-    for (auto& l : layers) {
-      l.lora->a.mutable_grad() = torch::Tensor();
-      l.lora->b.mutable_grad() = torch::Tensor();
-    }
+    ClearLoraGradients();
     const torch::Tensor leaf = p.clone().requires_grad_(true);
     const torch::Tensor x = wide ? testing::WideRowsFunction::apply(leaf, group.cols) : leaf;
     const torch::Tensor inv_freq = InvFreq(d);
@@ -480,10 +477,7 @@ struct Qkv {
     std::vector<torch::Tensor> results;
     for (const torch::Tensor& t : heads_of) results.push_back(t.detach().clone());
     results.push_back(leaf.grad().clone());
-    for (const auto& l : layers) {
-      results.push_back(l.lora->a.grad().clone());
-      results.push_back(l.lora->b.grad().clone());
-    }
+    AppendLoraGradients(results);
     engine::SetRopeGemm(false);
     return results;
   }
