@@ -15,7 +15,7 @@
 //   /tmp/hopper_gemm energy [NAME PART]   # joules a launch at the power cap (NVML)
 // The kernel's compile-time knobs (-D; engine/kernels/hopper_gemm.cu) build
 // variants to time: HG_BACKWARD_TMA, HG_BACKWARD_UNITS (SwiGLU's backward
-// epilogue), HG_STAGES, HG_GROUP, HG_STMATRIX, HG_FAST_SILU.
+// epilogue), HG_STAGES, HG_GROUP, HG_FAST_SILU.
 #include <cublas_v2.h>
 #include <cuda.h>
 #include <cuda_bf16.h>
@@ -33,21 +33,13 @@
 #include <string>
 #include <vector>
 
+#include "bench/cuda_check.h"
 #include "engine/kernels/hopper_gemm.h"
 
 namespace {
 
 using trainerd::kernels::HopperEpilogue;
 using trainerd::kernels::HopperGemmOperands;
-
-#define CHECK_CUDA(x)                                                                      \
-  do {                                                                                     \
-    cudaError_t e_ = (x);                                                                  \
-    if (e_ != cudaSuccess) {                                                               \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                        \
-    }                                                                                      \
-  } while (0)
 
 // h = silu(gate) * up over D = [gate | up] (M, 2F), eight elements a thread
 // with 16-byte accesses (F a multiple of 8): the pass the epilogue replaces.

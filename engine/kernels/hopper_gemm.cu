@@ -3,6 +3,7 @@
 // cuBLAS and float64 and times it; its compile-time knobs (-D) build that
 // harness's variants.
 #include "engine/kernels/hopper_gemm.h"
+#include "engine/kernels/hopper_primitives.cuh"
 
 #include <cuda.h>
 #include <cuda_bf16.h>
@@ -41,9 +42,6 @@
 #ifndef HG_GROUP
 #define HG_GROUP 16  // the rasterisation's group of 128-row tiles
 #endif
-#ifndef HG_STMATRIX
-#define HG_STMATRIX 1  // the epilogue's chunks written by stmatrix (0: a 4-byte store an element pair)
-#endif
 #ifndef HG_FAST_SILU
 // SiLU in the SwiGLU epilogue (and the sigmoid in its backward's): 1 g *
 // rcp.approx(1 + ex2.approx(-g log2 e)) (two MUFU operations); 2 g/2 * (1 +
@@ -53,6 +51,8 @@
 
 namespace trainerd::kernels {
 namespace {
+
+using namespace hopper;  // NOLINT(build/namespaces): the shared primitives
 
 constexpr int kBlockM = 128, kBlockN = 256, kBlockK = 64;
 constexpr int kStages = HG_STAGES;
@@ -73,113 +73,6 @@ constexpr int kStagingBytes = HG_BACKWARD_TMA ? 2 * kChunkBytes : 0;
 constexpr int kSmemBytes =
     kStages * (kABytes + kBBytes) + kHandOverBytes + kStagingBytes + (2 * kStages + 3) * 8 + 1024;
 static_assert(kSmemBytes <= 227 * 1024, "shared memory over the 227 KB a block may have");
-
-__device__ __forceinline__ uint32_t SmemAddress(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void BarrierInit(uint64_t* bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(SmemAddress(bar)), "r"(count));
-}
-
-__device__ __forceinline__ void BarrierExpectBytes(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(SmemAddress(bar)), "r"(bytes)
-               : "memory");
-}
-
-__device__ __forceinline__ void BarrierArrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(SmemAddress(bar)) : "memory");
-}
-
-// Waits until the barrier's phase of the given parity has completed.
-__device__ __forceinline__ void BarrierWait(uint64_t* bar, uint32_t parity) {
-  asm volatile(
-      "{\n"
-      ".reg .pred done;\n"
-      "WAIT:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT;\n"
-      "}\n" ::"r"(SmemAddress(bar)),
-      "r"(parity)
-      : "memory");
-}
-
-__device__ __forceinline__ void TmaLoad(void* dst, const CUtensorMap* map, int col, int row, uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(
-          SmemAddress(dst)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(row), "r"(SmemAddress(bar))
-      : "memory");
-}
-
-// Asks L2 for a box of the map (no shared memory, no barrier).
-[[maybe_unused]] __device__ __forceinline__ void TmaPrefetchL2(const CUtensorMap* map, int col, int row) {
-  asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];" ::"l"(
-                   reinterpret_cast<uint64_t>(map)),
-               "r"(col), "r"(row)
-               : "memory");
-}
-
-// A TMA store of a box from shared memory, in the current bulk group.
-__device__ __forceinline__ void TmaStoreUncommitted(const CUtensorMap* map, const void* src, int col, int row) {
-  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];" ::"l"(
-                   reinterpret_cast<uint64_t>(map)),
-               "r"(col), "r"(row), "r"(SmemAddress(src))
-               : "memory");
-}
-
-__device__ __forceinline__ void TmaStoreCommit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
-
-// Waits until at most N committed TMA stores still read shared memory.
-template <int N>
-__device__ __forceinline__ void TmaStoreWaitRead() {
-  asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");
-}
-
-__device__ __forceinline__ void TmaStoreWaitAll() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
-
-__device__ __forceinline__ void FenceAsyncShared() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
-
-__device__ __forceinline__ void NamedBarrier(int id, int threads) {
-  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
-
-template <int kRegisters>
-__device__ __forceinline__ void RaiseRegisters() {
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kRegisters));
-}
-
-template <int kRegisters>
-__device__ __forceinline__ void LowerRegisters() {
-  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kRegisters));
-}
-
-// Shared-memory matrix descriptors for operands in 128-byte swizzle atoms
-// (8 rows of 128 bytes: 64 bf16), as TMA's 128-byte swizzle lays them out:
-// start address >> 4, leading and stride byte offsets >> 4, swizzle mode 1.
-// K-major (X, and W as stored: a row of k per row): the stride byte offset
-// is 1024 between 8-row groups (the leading one is unused); a k16 step is 32
-// bytes along the row.
-__device__ __forceinline__ uint64_t DescriptorK(uint32_t smem_address) {
-  return static_cast<uint64_t>((smem_address & 0x3FFFF) >> 4) | (uint64_t{1} << 16) |
-         (static_cast<uint64_t>(1024 >> 4) << 32) | (uint64_t{1} << 62);
-}
-
-// MN-major (W transposed: a row of n per k): blocks of 64 k-rows by 64
-// columns, one TMA box each, 8 KB apart along n (the leading byte offset);
-// 8-row groups of k 1024 apart (the stride byte offset); a k16 step is 2048
-// bytes (16 rows).
-__device__ __forceinline__ uint64_t DescriptorMN(uint32_t smem_address) {
-  return static_cast<uint64_t>((smem_address & 0x3FFFF) >> 4) | (static_cast<uint64_t>(8192 >> 4) << 16) |
-         (static_cast<uint64_t>(1024 >> 4) << 32) | (uint64_t{1} << 62);
-}
-
-__device__ __forceinline__ void WgmmaFence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void WgmmaCommit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void WgmmaWait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
-}
 
 // d (64 x 256, this thread's 128 values) += A (64 x 16) B (256 x 16)^T, or =
 // when accumulate is 0; B MN-major when kTransposeB.
@@ -260,50 +153,6 @@ __device__ __forceinline__ float Silu(float g) {
 #endif
 }
 
-__device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-
-// Writes 8 accumulator column groups (64 columns: groups first .. first + 7)
-// of this warp's 16 rows into a 64 x 64 chunk buffer in TMA's 128-byte
-// swizzle (16-byte unit u of row r at unit u ^ (r % 8)). value(i, e) gives
-// the float of group i, element e (0, 1: row lane / 4, columns 2 (lane % 4)
-// and + 1; 2, 3: the same columns 8 rows down), wgmma's accumulator layout.
-template <typename Value>
-__device__ __forceinline__ void WriteChunk(uint8_t* chunk, int warp, int lane, int first, Value value) {
-#if HG_STMATRIX
-  // Four 8 x 8 matrices an instruction (groups j and j + 1, upper and lower
-  // rows): lane l gives row l % 8 of matrix l / 8, and holds in register q
-  // the pair its accumulator has in matrix q.
-  const int q = lane / 8;
-  const int row = 16 * warp + (q & 1) * 8 + lane % 8;
-#pragma unroll
-  for (int j = 0; j < 8; j += 2) {
-    const uint32_t r0 = PackBf16(value(first + j, 0), value(first + j, 1));
-    const uint32_t r1 = PackBf16(value(first + j, 2), value(first + j, 3));
-    const uint32_t r2 = PackBf16(value(first + j + 1, 0), value(first + j + 1, 1));
-    const uint32_t r3 = PackBf16(value(first + j + 1, 2), value(first + j + 1, 3));
-    const int unit = j + (q >> 1);
-    const uint32_t address = SmemAddress(chunk + row * 128 + ((unit ^ (row % 8)) * 16));
-    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(address), "r"(r0),
-                 "r"(r1), "r"(r2), "r"(r3)
-                 : "memory");
-  }
-#else
-  const int row = 16 * warp + lane / 4;
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    const int within = (lane % 4) * 4;  // column 8j + 2 (lane % 4): byte 16j + 4 (lane % 4)
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int r = row + 8 * half;
-      *reinterpret_cast<uint32_t*>(chunk + r * 128 + ((j ^ (r % 8)) * 16) + within) =
-          PackBf16(value(first + j, 2 * half), value(first + j, 2 * half + 1));
-    }
-  }
-#endif
-}
 
 struct GemmMaps {
   CUtensorMap x;     // (M, K), box 64 x 128
@@ -689,44 +538,6 @@ __global__ void __launch_bounds__(kThreads, 1) GemmKernel(const __grid_constant_
 
 // ---- host ----
 
-using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-
-// The driver's tensor-map encoder, through the runtime (no link to libcuda).
-EncodeTiled Encoder() {
-  static EncodeTiled encode = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) !=
-            cudaSuccess ||
-        found != cudaDriverEntryPointSuccess) {
-      fn = nullptr;
-    }
-    return reinterpret_cast<EncodeTiled>(fn);
-  }();
-  return encode;
-}
-
-// A 2-D bf16 map over rows x cols (rows ld elements apart), box box_rows x
-// 64 columns, 128-byte swizzle. "" or why not.
-std::string Map(CUtensorMap* map, const void* base, int64_t rows, int64_t cols, int64_t ld, int box_rows) {
-  const EncodeTiled encode = Encoder();
-  if (encode == nullptr) return "the driver has no cuTensorMapEncodeTiled";
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld * 2)};
-  const cuuint32_t box[2] = {64, static_cast<cuuint32_t>(box_rows)};
-  const cuuint32_t element_strides[2] = {1, 1};
-  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims, strides, box,
-                            element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) {
-    return "cuTensorMapEncodeTiled failed (" + std::to_string(static_cast<int>(r)) + ") for " +
-           std::to_string(rows) + " x " + std::to_string(cols) + ", row stride " + std::to_string(ld);
-  }
-  return "";
-}
-
 struct DeviceInfo {
   bool hopper = false;
   int sms = 0;
@@ -776,8 +587,7 @@ std::string HopperGemmBuild() {
   const std::string backward = (HG_BACKWARD_TMA ? "by TMA" : std::to_string(HG_BACKWARD_UNITS) + " units in flight") +
                                std::string(HG_BACKWARD_PREFETCH ? ", gate and up prefetched to L2" : "");
   return "cooperative 128 x 256, epilogue by the producer's warps (SwiGLU's backward " + backward + ")" +
-         ", stages " + std::to_string(kStages) + ", group " + std::to_string(HG_GROUP) + ", stmatrix " +
-         std::to_string(HG_STMATRIX) + ", fast silu " + std::to_string(HG_FAST_SILU) + ", " +
+         ", stages " + std::to_string(kStages) + ", group " + std::to_string(HG_GROUP) + ", fast silu " + std::to_string(HG_FAST_SILU) + ", " +
          std::to_string(kSmemBytes) + " bytes of shared memory a block";
 }
 

@@ -1,0 +1,56 @@
+// Causal attention of our own for Hopper GPUs (sm_90a: TMA and wgmma), for
+// the 8b decoder's heads of 128 with grouped kv heads: the forward, O =
+// softmax(scale Q K^T + causal mask) V, and the log-sum-exp of each row's
+// scaled scores that a backward needs. The measure it has to beat is cuDNN's
+// (engine/cudnn_attention.h), which the engine runs today; the engine does
+// not call this kernel yet (a backward of our own comes first). bench/
+// attention/hopper_attention.cu checks it against a float32 reference and
+// times it.
+//
+// Torch-free: raw device pointers, element strides, a cudaStream_t passed as
+// `void*`. Built for sm_90a only (the library of hopper_gemm.cu).
+//
+// The kernel (FlashAttention-3's shape, without its intra-warpgroup
+// pipelining): a block for each 128 query rows of a head; a producer warp
+// loads the rows' Q once and each 128-key tile of K and V by TMA into a
+// two-stage ring; two consumer warpgroups of 64 query rows each run S = Q K^T
+// on wgmma (both operands in shared memory), the online softmax in registers,
+// and O += P V on wgmma with P from registers (rounded to bf16); a key tile
+// past the diagonal is never loaded. O is rounded to bf16 in shared memory
+// (over the block's Q) and stored by TMA.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace trainerd::kernels {
+
+// Every matrix bf16, on the current CUDA device; strides in elements,
+// multiples of 8, pointers 16-byte aligned. The layout is the q|k|v group's
+// product as the engine hands it to attention: token t of sequence b is row
+// b * seq + t of each matrix; query head h is q's columns 128 h .. 128 h +
+// 127, kv head g k's and v's columns 128 g ..; query head h reads kv head
+// h / (heads / kv_heads).
+struct HopperAttentionOperands {
+  const void* q = nullptr;  // (batch * seq, >= heads * 128), rows q_stride apart
+  const void* k = nullptr;  // (batch * seq, >= kv_heads * 128), rows k_stride apart
+  const void* v = nullptr;  // likewise, rows v_stride apart
+  int64_t q_stride = 0, k_stride = 0, v_stride = 0;
+  void* o = nullptr;  // (batch * seq, heads * 128), rows o_stride apart: written
+  int64_t o_stride = 0;
+  // (batch, heads, seq) float32: log sum_j exp(scale q.k_j) over the row's
+  // keys j <= t (natural log): written.
+  float* lse = nullptr;
+  int64_t batch = 0, seq = 0, heads = 0, kv_heads = 0;
+  float scale = 0.f;  // usually 1 / sqrt(128)
+};
+
+// Whether the current device is a Hopper GPU (compute capability 9.0).
+[[nodiscard]] bool HopperAttentionSuits();
+
+// Launches the forward on `stream` (asynchronous). Returns "" on success, or
+// why it did not launch (device, alignment, shapes) or the launch's CUDA
+// error: nothing was written then.
+[[nodiscard]] std::string HopperAttentionForward(const HopperAttentionOperands& operands, void* stream);
+
+}  // namespace trainerd::kernels
