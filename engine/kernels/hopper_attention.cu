@@ -81,6 +81,13 @@ __device__ __forceinline__ void WgmmaRS(float (&d)[64], const uint32_t (&a)[4], 
 
 #undef HA_D64
 
+// 2^x by the MUFU instruction (2 ulp; -inf gives 0), as FlashAttention's softmax.
+__device__ __forceinline__ float Exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 struct AttentionMaps {
   CUtensorMap q;  // 3-D (seq, q columns, batch), box 128 rows x 64 columns
   CUtensorMap k;  // likewise over k
@@ -180,19 +187,19 @@ __global__ void __launch_bounds__(kThreads, 1) ForwardKernel(const __grid_consta
     WgmmaCommit();
     WgmmaWait<0>();
 
-    // Scale (log2 units); mask keys past a row (the diagonal tile) and past
-    // the sequence (a last tile's zeros).
-    const bool diagonal = j == q_tile;
-    const int key0 = j * kBlockKv + 2 * (lane % 4);
+    // Scale (log2 units); on the diagonal tile mask the keys past each row
+    // (which covers a last tile's keys past the sequence, TMA's zeros, for
+    // every row that is stored; the rows past the sequence are not).
 #pragma unroll
-    for (int i = 0; i < 16; ++i) {
+    for (int i = 0; i < 64; ++i) sc[i] *= maps.scale_log2;
+    if (j == q_tile) {
+      const int key0 = j * kBlockKv + 2 * (lane % 4);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = key0 + 8 * i + (e & 1);
-        const int row = row0 + 8 * (e >> 1);
-        float x = sc[4 * i + e] * maps.scale_log2;
-        if ((diagonal && key > row) || key >= maps.seq) x = -INFINITY;
-        sc[4 * i + e] = x;
+      for (int i = 0; i < 16; ++i) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          if (key0 + 8 * i + (e & 1) > row0 + 8 * (e >> 1)) sc[4 * i + e] = -INFINITY;
+        }
       }
     }
     float correction[2];
@@ -204,7 +211,7 @@ __global__ void __launch_bounds__(kThreads, 1) ForwardKernel(const __grid_consta
       m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 1));
       m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 2));
       // Key 0 is every row's, so m is finite from the first tile on.
-      correction[r] = exp2f(row_max[r] - m);
+      correction[r] = Exp2(row_max[r] - m);
       row_max[r] = m;
       row_sum[r] *= correction[r];
     }
@@ -213,8 +220,8 @@ __global__ void __launch_bounds__(kThreads, 1) ForwardKernel(const __grid_consta
     for (int i = 0; i < 16; ++i) {
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const float a = exp2f(sc[4 * i + 2 * r] - row_max[r]);
-        const float b = exp2f(sc[4 * i + 2 * r + 1] - row_max[r]);
+        const float a = Exp2(sc[4 * i + 2 * r] - row_max[r]);
+        const float b = Exp2(sc[4 * i + 2 * r + 1] - row_max[r]);
         row_sum[r] += a + b;
         p[2 * i + r] = PackBf16(a, b);
         o[4 * i + 2 * r] *= correction[r];
