@@ -6,16 +6,21 @@
 //   /tmp/hopper_attention            # every check, then every timing
 //   /tmp/hopper_attention check | time [NAME PART]
 //
-// check: the kernel's O and log-sum-exp against a float32 reference computed
-// from the same bf16 inputs (a plain kernel: one block a query row, the
-// softmax over all of the row's keys at once), on the 8b row's shape and on
-// shapes with tails (a sequence not a multiple of 128, one kv head, no
-// grouping) and peaky scores (the online softmax's rescaling). An element
-// fails when |ours - reference| > 1e-2 (1 + |reference|) (O is rounded to
-// bf16: 2^-9 relative, and P to bf16 inside the product); the log-sum-exp
-// when off by more than 1e-3 (1 + |reference|).
-// time: milliseconds a launch and TFLOP/s by the bench's formula (a causal
-// forward 2 b h s^2 d, bench/speed/NOTES.md), after a warm-up.
+// check: the forward's O and log-sum-exp against a float32 reference computed
+// from the same bf16 inputs (plain kernels: one block a query row, the
+// softmax over all of the row's keys at once), then the backward's dq, dk and
+// dv from the forward's outputs against the reference's (dk and dv summed
+// over the query heads of a group by a block a key), on the 8b row's shape
+// (two sequences) and on shapes with tails (a sequence not a multiple of 128,
+// one kv head, no grouping) and peaky scores (the online softmax's
+// rescaling). An element of O fails when |ours - reference| > 1e-2 (1 +
+// |reference|) (O is rounded to bf16: 2^-9 relative, and P to bf16 inside
+// the product), the log-sum-exp when off by more than 1e-3 (1 +
+// |reference|); a gradient when its Frobenius error exceeds 1e-2 of the
+// reference's norm or an element is off by 5e-2 of its largest.
+// time: milliseconds a call and TFLOP/s by the bench's formula (a causal
+// forward 2 b h s^2 d, the backward 2.5 times that; bench/speed/NOTES.md),
+// after a warm-up; the backward's call is its three launches.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -97,29 +102,134 @@ __global__ void Reference(const __nv_bfloat16* qkv, int64_t stride, int seq, int
   if (threadIdx.x == 0) lse[(static_cast<int64_t>(b) * heads + head) * seq + row] = m + logf(sum);
 }
 
+// The backward's reference, float32 from the same bf16 inputs and the
+// reference forward's O and log-sum-exp: D = dO.O a (token, head) ...
+__global__ void ReferenceDot(const __nv_bfloat16* grad_o, const float* o, float* dot, int seq, int heads) {
+  const int64_t pair = blockIdx.x;  // (token, head)
+  __shared__ float partial[kD];
+  partial[threadIdx.x] = __bfloat162float(grad_o[pair * kD + threadIdx.x]) * o[pair * kD + threadIdx.x];
+  __syncthreads();
+  for (int s = kD / 2; s > 0; s /= 2) {
+    if (threadIdx.x < s) partial[threadIdx.x] += partial[threadIdx.x + s];
+    __syncthreads();
+  }
+  const int64_t token = pair / heads, b = token / seq;
+  if (threadIdx.x == 0) dot[(b * heads + pair % heads) * seq + token % seq] = partial[0];
+}
+
+// ... dS_j = P_j (dO.v_j - D) of a query row over its keys j (shared), then
+// dq = scale sum_j dS_j k_j: a block a (sequence, head, row) ...
+__global__ void ReferenceDq(const __nv_bfloat16* qkv, int64_t stride, const __nv_bfloat16* grad_o, int seq, int heads,
+                            int kv_heads, float scale, const float* lse, const float* dot, float* dq) {
+  extern __shared__ float ds[];  // seq floats
+  __shared__ float q[kD], g[kD];
+  const int row = blockIdx.x % seq, head = (blockIdx.x / seq) % heads, b = blockIdx.x / seq / heads;
+  const int kv = head / (heads / kv_heads);
+  const int64_t token = static_cast<int64_t>(b) * seq;
+  const __nv_bfloat16* k = qkv + static_cast<int64_t>(heads) * kD + kv * kD;
+  const __nv_bfloat16* v = k + static_cast<int64_t>(kv_heads) * kD;
+  const int64_t at = (static_cast<int64_t>(b) * heads + head) * seq + row;
+  q[threadIdx.x] = __bfloat162float(qkv[(token + row) * stride + head * kD + threadIdx.x]);
+  g[threadIdx.x] = __bfloat162float(grad_o[((token + row) * heads + head) * kD + threadIdx.x]);
+  __syncthreads();
+  for (int j = threadIdx.x; j <= row; j += blockDim.x) {
+    float s = 0.f, dp = 0.f;
+    for (int d = 0; d < kD; ++d) {
+      s += q[d] * __bfloat162float(k[(token + j) * stride + d]);
+      dp += g[d] * __bfloat162float(v[(token + j) * stride + d]);
+    }
+    const float p = expf(s * scale - lse[at]);
+    ds[j] = p * (dp - dot[at]);
+  }
+  __syncthreads();
+  float acc = 0.f;
+  for (int j = 0; j <= row; ++j) acc += ds[j] * __bfloat162float(k[(token + j) * stride + threadIdx.x]);
+  dq[(token + row) * heads * kD + head * kD + threadIdx.x] = acc * scale;
+}
+
+// ... and dk_j = scale sum dS q, dv_j = sum P dO over the rows at or after
+// key j of every query head of its group: a block a (sequence, kv head, key).
+__global__ void ReferenceDkDv(const __nv_bfloat16* qkv, int64_t stride, const __nv_bfloat16* grad_o, int seq,
+                             int heads, int kv_heads, float scale, const float* lse, const float* dot, float* dk,
+                             float* dv) {
+  extern __shared__ float weights[];  // [group][seq] P, then [group][seq] dS
+  __shared__ float key[kD], value[kD];
+  const int j = blockIdx.x % seq, kv = (blockIdx.x / seq) % kv_heads, b = blockIdx.x / seq / kv_heads;
+  const int group = heads / kv_heads;
+  const int64_t token = static_cast<int64_t>(b) * seq;
+  key[threadIdx.x] = __bfloat162float(qkv[(token + j) * stride + (heads + kv) * kD + threadIdx.x]);
+  value[threadIdx.x] = __bfloat162float(qkv[(token + j) * stride + (heads + kv_heads + kv) * kD + threadIdx.x]);
+  __syncthreads();
+  float* p = weights;
+  float* ds = weights + group * seq;
+  for (int h = 0; h < group; ++h) {
+    const int head = kv * group + h;
+    for (int t = j + threadIdx.x; t < seq; t += blockDim.x) {
+      const __nv_bfloat16* q = qkv + (token + t) * stride + head * kD;
+      const __nv_bfloat16* g = grad_o + ((token + t) * heads + head) * kD;
+      float s = 0.f, dp = 0.f;
+      for (int d = 0; d < kD; ++d) {
+        s += __bfloat162float(q[d]) * key[d];
+        dp += __bfloat162float(g[d]) * value[d];
+      }
+      const int64_t at = (static_cast<int64_t>(b) * heads + head) * seq + t;
+      p[h * seq + t] = expf(s * scale - lse[at]);
+      ds[h * seq + t] = p[h * seq + t] * (dp - dot[at]);
+    }
+  }
+  __syncthreads();
+  float dk_acc = 0.f, dv_acc = 0.f;
+  for (int h = 0; h < group; ++h) {
+    const int head = kv * group + h;
+    for (int t = j; t < seq; ++t) {
+      dk_acc += ds[h * seq + t] * __bfloat162float(qkv[(token + t) * stride + head * kD + threadIdx.x]);
+      dv_acc += p[h * seq + t] * __bfloat162float(grad_o[((token + t) * heads + head) * kD + threadIdx.x]);
+    }
+  }
+  dk[(token + j) * kv_heads * kD + kv * kD + threadIdx.x] = dk_acc * scale;
+  dv[(token + j) * kv_heads * kD + kv * kD + threadIdx.x] = dv_acc;
+}
+
+// The forward's inputs and outputs, and the backward's: dO (like O, random),
+// dq|dk|dv in one buffer laid out as q|k|v (as the engine's group takes its
+// output gradient), the workspace.
 struct Buffers {
   __nv_bfloat16* qkv = nullptr;
   __nv_bfloat16* o = nullptr;
   float* lse = nullptr;
+  __nv_bfloat16* grad_o = nullptr;
+  __nv_bfloat16* grad = nullptr;
+  void* workspace = nullptr;
 };
+
+__nv_bfloat16* Random(int64_t count, float amplitude, uint32_t seed) {
+  std::vector<__nv_bfloat16> host(count);
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> uniform(-amplitude, amplitude);
+  for (auto& x : host) x = __float2bfloat16(uniform(gen));
+  __nv_bfloat16* device = nullptr;
+  CHECK_CUDA(cudaMalloc(&device, count * 2));
+  CHECK_CUDA(cudaMemcpy(device, host.data(), count * 2, cudaMemcpyHostToDevice));
+  return device;
+}
 
 Buffers Make(const Problem& p, uint32_t seed) {
   Buffers b;
-  std::vector<__nv_bfloat16> host(p.rows() * p.stride());
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<float> uniform(-p.c.amplitude, p.c.amplitude);
-  for (auto& x : host) x = __float2bfloat16(uniform(gen));
-  CHECK_CUDA(cudaMalloc(&b.qkv, host.size() * 2));
-  CHECK_CUDA(cudaMemcpy(b.qkv, host.data(), host.size() * 2, cudaMemcpyHostToDevice));
+  b.qkv = Random(p.rows() * p.stride(), p.c.amplitude, seed);
+  b.grad_o = Random(p.rows() * p.c.heads * kD, 1.f, seed + 1);
   CHECK_CUDA(cudaMalloc(&b.o, p.rows() * p.c.heads * kD * 2));
   CHECK_CUDA(cudaMalloc(&b.lse, p.rows() * p.c.heads * 4));
+  CHECK_CUDA(cudaMalloc(&b.grad, p.rows() * p.stride() * 2));
+  CHECK_CUDA(cudaMalloc(&b.workspace,
+                        trainerd::kernels::HopperAttentionWorkspaceBytes(p.c.batch, p.c.seq, p.c.heads)));
   return b;
 }
 
 void Free(Buffers& b) {
-  cudaFree(b.qkv);
-  cudaFree(b.o);
-  cudaFree(b.lse);
+  for (void* x : {static_cast<void*>(b.qkv), static_cast<void*>(b.o), static_cast<void*>(b.lse),
+                  static_cast<void*>(b.grad_o), static_cast<void*>(b.grad), b.workspace}) {
+    cudaFree(x);
+  }
 }
 
 trainerd::kernels::HopperAttentionOperands Operands(const Problem& p, const Buffers& b) {
@@ -139,32 +249,101 @@ trainerd::kernels::HopperAttentionOperands Operands(const Problem& p, const Buff
   return a;
 }
 
+trainerd::kernels::HopperAttentionGradientOperands GradientOperands(const Problem& p, const Buffers& b) {
+  trainerd::kernels::HopperAttentionGradientOperands g;
+  g.forward = Operands(p, b);
+  g.grad_o = b.grad_o;
+  g.grad_o_stride = static_cast<int64_t>(p.c.heads) * kD;
+  g.grad_q = b.grad;
+  g.grad_k = b.grad + static_cast<int64_t>(p.c.heads) * kD;
+  g.grad_v = b.grad + static_cast<int64_t>(p.c.heads + p.c.kv_heads) * kD;
+  g.grad_q_stride = g.grad_k_stride = g.grad_v_stride = p.stride();
+  g.workspace = b.workspace;
+  return g;
+}
+
+template <typename T>
+std::vector<T> Download(const T* device, int64_t count) {
+  std::vector<T> host(count);
+  CHECK_CUDA(cudaMemcpy(host.data(), device, count * sizeof(T), cudaMemcpyDeviceToHost));
+  return host;
+}
+
+float* DeviceFloats(int64_t count) {
+  float* x = nullptr;
+  CHECK_CUDA(cudaMalloc(&x, count * 4));
+  return x;
+}
+
+// Columns col0 .. col0 + cols of a bf16 matrix (rows `stride` apart) against
+// a dense float32 (rows, cols) reference: a gradient passes when its
+// Frobenius error is within 1e-2 of the reference's norm and no element is
+// off by more than 5e-2 of the reference's largest (bf16 operands and
+// results, float32 sums).
+bool CompareGradient(const char* what, const std::vector<__nv_bfloat16>& ours, int64_t col0, int64_t stride,
+                     const std::vector<float>& ref, int64_t rows, int64_t cols) {
+  double err2 = 0, ref2 = 0, max_err = 0, max_ref = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) {
+      const double x = __bfloat162float(ours[r * stride + col0 + c]), y = ref[r * cols + c];
+      const double e = std::isnan(x) ? INFINITY : std::fabs(x - y);
+      err2 += e * e;
+      ref2 += y * y;
+      max_err = std::max(max_err, e);
+      max_ref = std::max(max_ref, std::fabs(y));
+    }
+  }
+  const double relative = std::sqrt(err2 / std::max(ref2, 1e-30));
+  const bool ok = relative <= 1e-2 && max_err <= 5e-2 * max_ref;
+  std::printf(" %s %s (relative %.2g, max |err| %.2g of %.2g)", what, ok ? "ok" : "FAILED", relative, max_err,
+              max_ref);
+  return ok;
+}
+
+// The forward's O and log-sum-exp against the reference (element by
+// element), then the backward's dq, dk and dv from the forward's outputs
+// (as training runs them) against the reference's.
 bool Check(const Case& c) {
   const Problem p{c};
   Buffers b = Make(p, 1234);
   const auto a = Operands(p, b);
-  CHECK_CUDA(cudaMemset(b.o, 0xFF, p.rows() * c.heads * kD * 2));  // NaNs where the kernel writes nothing
-  const std::string why = trainerd::kernels::HopperAttentionForward(a, nullptr);
+  const int64_t o_count = p.rows() * c.heads * kD;
+  CHECK_CUDA(cudaMemset(b.o, 0xFF, o_count * 2));  // NaNs where the kernel writes nothing
+  CHECK_CUDA(cudaMemset(b.grad, 0xFF, p.rows() * p.stride() * 2));
+  std::string why = trainerd::kernels::HopperAttentionForward(a, nullptr);
+  if (why.empty()) why = trainerd::kernels::HopperAttentionBackward(GradientOperands(p, b), nullptr);
   if (!why.empty()) {
     std::printf("%-28s FAILED: %s\n", c.name, why.c_str());
     Free(b);
     return false;
   }
-  float *o_ref = nullptr, *lse_ref = nullptr;
-  CHECK_CUDA(cudaMalloc(&o_ref, p.rows() * c.heads * kD * 4));
-  CHECK_CUDA(cudaMalloc(&lse_ref, p.rows() * c.heads * 4));
-  Reference<<<static_cast<unsigned>(p.rows() * c.heads), kD, c.seq * 4>>>(b.qkv, p.stride(), c.seq, c.heads,
-                                                                          c.kv_heads, a.scale, o_ref, lse_ref);
+  CHECK_CUDA(cudaDeviceSynchronize());
+  float* o_ref = DeviceFloats(o_count);
+  float* lse_ref = DeviceFloats(p.rows() * c.heads);
+  float* dot_ref = DeviceFloats(p.rows() * c.heads);
+  float* dq_ref = DeviceFloats(o_count);
+  float* dk_ref = DeviceFloats(p.rows() * c.kv_heads * kD);
+  float* dv_ref = DeviceFloats(p.rows() * c.kv_heads * kD);
+  const unsigned rows = static_cast<unsigned>(p.rows() * c.heads);
+  Reference<<<rows, kD, c.seq * 4>>>(b.qkv, p.stride(), c.seq, c.heads, c.kv_heads, a.scale, o_ref, lse_ref);
+  ReferenceDot<<<rows, kD>>>(b.grad_o, o_ref, dot_ref, c.seq, c.heads);
+  ReferenceDq<<<rows, kD, c.seq * 4>>>(b.qkv, p.stride(), b.grad_o, c.seq, c.heads, c.kv_heads, a.scale, lse_ref,
+                                       dot_ref, dq_ref);
+  const int weights_bytes = 2 * (c.heads / c.kv_heads) * c.seq * 4;
+  CHECK_CUDA(cudaFuncSetAttribute(ReferenceDkDv, cudaFuncAttributeMaxDynamicSharedMemorySize, weights_bytes));
+  ReferenceDkDv<<<static_cast<unsigned>(p.rows() * c.kv_heads), kD, weights_bytes>>>(
+      b.qkv, p.stride(), b.grad_o, c.seq, c.heads, c.kv_heads, a.scale, lse_ref, dot_ref, dk_ref, dv_ref);
   CHECK_CUDA(cudaGetLastError());
   CHECK_CUDA(cudaDeviceSynchronize());
-  std::vector<__nv_bfloat16> o(p.rows() * c.heads * kD);
-  std::vector<float> o_r(o.size()), lse(p.rows() * c.heads), lse_r(lse.size());
-  CHECK_CUDA(cudaMemcpy(o.data(), b.o, o.size() * 2, cudaMemcpyDeviceToHost));
-  CHECK_CUDA(cudaMemcpy(o_r.data(), o_ref, o_r.size() * 4, cudaMemcpyDeviceToHost));
-  CHECK_CUDA(cudaMemcpy(lse.data(), b.lse, lse.size() * 4, cudaMemcpyDeviceToHost));
-  CHECK_CUDA(cudaMemcpy(lse_r.data(), lse_ref, lse_r.size() * 4, cudaMemcpyDeviceToHost));
-  cudaFree(o_ref);
-  cudaFree(lse_ref);
+  const auto o = Download(b.o, o_count);
+  const auto o_r = Download(o_ref, o_count);
+  const auto lse = Download(b.lse, p.rows() * c.heads);
+  const auto lse_r = Download(lse_ref, p.rows() * c.heads);
+  const auto grad = Download(b.grad, p.rows() * p.stride());
+  const auto dq_r = Download(dq_ref, o_count);
+  const auto dk_r = Download(dk_ref, p.rows() * c.kv_heads * kD);
+  const auto dv_r = Download(dv_ref, p.rows() * c.kv_heads * kD);
+  for (float* x : {o_ref, lse_ref, dot_ref, dq_ref, dk_ref, dv_ref}) cudaFree(x);
   Free(b);
   int64_t bad = 0, bad_lse = 0, first_bad = -1;
   double max_err = 0, max_lse_err = 0;
@@ -180,9 +359,9 @@ bool Check(const Case& c) {
     if (!(err <= 1e-3 * (1 + std::fabs(lse_r[i])))) ++bad_lse;
     if (err > max_lse_err || std::isnan(err)) max_lse_err = std::isnan(err) ? INFINITY : err;
   }
-  const bool ok = bad == 0 && bad_lse == 0;
-  std::printf("%-28s %s: O max |err| %.3g (%lld of %zu outside), lse max |err| %.3g (%lld outside)", c.name,
-              ok ? "passed" : "FAILED", max_err, static_cast<long long>(bad), o.size(), max_lse_err,
+  const bool forward_ok = bad == 0 && bad_lse == 0;
+  std::printf("%-28s forward %s: O max |err| %.3g (%lld of %zu outside), lse max |err| %.3g (%lld outside)", c.name,
+              forward_ok ? "passed" : "FAILED", max_err, static_cast<long long>(bad), o.size(), max_lse_err,
               static_cast<long long>(bad_lse));
   if (first_bad >= 0) {
     const int64_t col = first_bad % (c.heads * kD), token = first_bad / (c.heads * kD);
@@ -190,35 +369,51 @@ bool Check(const Case& c) {
                 static_cast<long long>(col / kD), static_cast<long long>(col % kD),
                 __bfloat162float(o[first_bad]), o_r[first_bad]);
   }
+  std::printf("\n%-28s backward:", "");
+  bool backward_ok = CompareGradient("dq", grad, 0, p.stride(), dq_r, p.rows(), c.heads * kD);
+  backward_ok &= CompareGradient("dk", grad, c.heads * kD, p.stride(), dk_r, p.rows(), c.kv_heads * kD);
+  backward_ok &= CompareGradient("dv", grad, (c.heads + c.kv_heads) * kD, p.stride(), dv_r, p.rows(),
+                                 c.kv_heads * kD);
   std::printf("\n");
   std::fflush(stdout);
-  return ok;
+  return forward_ok && backward_ok;
+}
+
+// Milliseconds a call of `launch` (after a warm-up), or -1 when it failed.
+template <typename Launch>
+float Milliseconds(Launch launch) {
+  for (int i = 0; i < 5; ++i) {
+    const std::string why = launch();
+    if (!why.empty()) {
+      std::printf("  %s\n", why.c_str());
+      return -1;
+    }
+  }
+  cudaEvent_t start, stop;
+  CHECK_CUDA(cudaEventCreate(&start));
+  CHECK_CUDA(cudaEventCreate(&stop));
+  constexpr int kLaunches = 50;
+  CHECK_CUDA(cudaEventRecord(start));
+  for (int i = 0; i < kLaunches; ++i) (void)launch();
+  CHECK_CUDA(cudaEventRecord(stop));
+  CHECK_CUDA(cudaEventSynchronize(stop));
+  float ms = 0;
+  CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return ms / kLaunches;
 }
 
 void Time(const Case& c) {
   const Problem p{c};
   Buffers b = Make(p, 99);
   const auto a = Operands(p, b);
-  cudaEvent_t start, stop;
-  CHECK_CUDA(cudaEventCreate(&start));
-  CHECK_CUDA(cudaEventCreate(&stop));
-  for (int i = 0; i < 5; ++i) {
-    const std::string why = trainerd::kernels::HopperAttentionForward(a, nullptr);
-    if (!why.empty()) {
-      std::printf("%-28s %s\n", c.name, why.c_str());
-      return;
-    }
-  }
-  constexpr int kLaunches = 50;
-  CHECK_CUDA(cudaEventRecord(start));
-  for (int i = 0; i < kLaunches; ++i) (void)trainerd::kernels::HopperAttentionForward(a, nullptr);
-  CHECK_CUDA(cudaEventRecord(stop));
-  CHECK_CUDA(cudaEventSynchronize(stop));
-  float ms = 0;
-  CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
-  ms /= kLaunches;
+  const auto g = GradientOperands(p, b);
+  const float forward = Milliseconds([&] { return trainerd::kernels::HopperAttentionForward(a, nullptr); });
+  const float backward = Milliseconds([&] { return trainerd::kernels::HopperAttentionBackward(g, nullptr); });
   const double flops = 2.0 * c.batch * c.heads * static_cast<double>(c.seq) * c.seq * kD;
-  std::printf("%-28s %.4f ms, %.0f TFLOP/s\n", c.name, ms, flops / ms / 1e9);
+  std::printf("%-28s forward %.4f ms, %.0f TFLOP/s; backward (dO.O, main, dQ's conversion) %.4f ms, %.0f TFLOP/s\n",
+              c.name, forward, flops / forward / 1e9, backward, 2.5 * flops / backward / 1e9);
   std::fflush(stdout);
   Free(b);
 }
@@ -229,7 +424,7 @@ int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   const std::string part = argc > 2 ? argv[2] : "";
   const Case checks[] = {
-      {"8b: 4 x 2048, 32 / 8 heads", 4, 2048, 32, 8, 1.f},
+      {"8b: 2 x 2048, 32 / 8 heads", 2, 2048, 32, 8, 1.f},
       {"peaky: 2 x 1024, 8 / 2", 2, 1024, 8, 2, 4.f},
       {"tails: 3 x 300, 8 / 1", 3, 300, 8, 1, 2.f},
       {"short: 2 x 77, 4 / 4", 2, 77, 4, 4, 2.f},

@@ -31,10 +31,17 @@ constexpr int kVBytes = kBlockKv * kHeadDim * 2;   // 32 KB
 constexpr int kBoxBytes = 128 * 64 * 2;            // a 128-row box of 64 columns: 16 KB
 constexpr int kSmemBytes = kQBytes + kStages * (kKBytes + kVBytes) + (2 * kStages + 1) * 8 + 1024;
 static_assert(kSmemBytes <= 227 * 1024, "shared memory over the 227 KB a block may have");
-// Registers: the producer gives up all but 24 of the launch's 168 a thread;
-// the consumers hold S and O (64 floats each) and P (32 registers).
+// Registers: the producer gives up most of the launch's 168 a thread to the
+// consumers (setmaxnreg moves them within the block: the split may not
+// exceed the launch's). The forward's consumers hold S and O (64 floats each)
+// and P (32 registers); the backward's dK and dV (64 each), S^T and dP^T (32
+// each), and its producer a warp of row loads besides the TMA thread (at 24
+// it spills; at 32, 8 bytes of the consumers' spill, measured by ptxas -v).
+constexpr int kLaunchRegisters = 65536 / kThreads / 8 * 8;
 constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;
-static_assert(128 * kProducerRegisters + 256 * kConsumerRegisters <= kThreads * (65536 / kThreads / 8 * 8),
+constexpr int kBackwardProducerRegisters = 32, kBackwardConsumerRegisters = 232;
+static_assert(128 * kProducerRegisters + 256 * kConsumerRegisters <= kThreads * kLaunchRegisters &&
+                  128 * kBackwardProducerRegisters + 256 * kBackwardConsumerRegisters <= kThreads * kLaunchRegisters,
               "the warpgroups' registers over the launch's");
 
 #define HA_D64 \
@@ -80,6 +87,26 @@ __device__ __forceinline__ void WgmmaRS(float (&d)[64], const uint32_t (&a)[4], 
 }
 
 #undef HA_D64
+
+// d (64 x 64, this thread's 32 values) = or += A (64 x 16) B (64 x 16)^T,
+// both in shared memory; A MN-major when kTransposeA, B when kTransposeB.
+template <int kTransposeA, int kTransposeB>
+__device__ __forceinline__ void WgmmaSS64(float (&d)[32], uint64_t a, uint64_t b, int accumulate) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+      "}, %32, %33, p, 1, 1, %35, %36;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(a), "l"(b), "r"(accumulate), "n"(kTransposeA), "n"(kTransposeB));
+}
 
 // 2^x by the MUFU instruction (2 ulp; -inf gives 0), as FlashAttention's softmax.
 __device__ __forceinline__ float Exp2(float x) {
@@ -272,6 +299,318 @@ __global__ void __launch_bounds__(kThreads, 1) ForwardKernel(const __grid_consta
   }
 }
 
+// ---- the backward ----
+
+constexpr int kBackwardQ = 64;  // query rows a step
+constexpr int kQ64Bytes = kBackwardQ * kHeadDim * 2;  // 16 KB: a 64-row tile of Q or dO (two 8 KB boxes)
+constexpr int kChunk = 64 * 64 * 2;                  // 8 KB: 64 rows x 64 columns, bf16
+constexpr int kDsBytes = kBlockKv * kBackwardQ * 2;  // 16 KB: dS^T of a step, keys x queries
+constexpr int kDqTileFloats = kBackwardQ * kHeadDim;  // a step's dQ sums: 8,192 floats
+constexpr int kStagingBytes = kBackwardQ * 64 * 4;   // 16 KB: a consumer's dQ half, float32
+constexpr int kRowBytes = kStages * 2 * kBackwardQ * 4;  // each stage's 64 log-sum-exps and D values: 1 KB
+// K and V (32 KB each), two stages of Q and dO, dS^T twice, each consumer's
+// dQ staging, the stages' log-sum-exps and D values, barriers.
+constexpr int kBackwardSmemBytes = 2 * kKBytes + kStages * 2 * kQ64Bytes + 2 * kDsBytes + 2 * kStagingBytes +
+                                   kRowBytes + (2 * kStages + 1) * 8 + 1024;
+static_assert(kBackwardSmemBytes <= 227 * 1024, "shared memory over the 227 KB a block may have");
+
+struct BackwardMaps {
+  CUtensorMap q;       // box 64 rows x 64 columns
+  CUtensorMap k;       // box 128 rows
+  CUtensorMap v;       // box 128 rows
+  CUtensorMap grad_o;  // box 64 rows
+  CUtensorMap grad_k;  // box 64 rows
+  CUtensorMap grad_v;  // box 64 rows
+  const float* lse;    // (batch, heads, seq)
+  const float* dot;    // (batch, heads, seq): dO.O
+  float* dq_sums;      // (batch, heads, q64 tiles, 2 halves of 64 columns, 64 rows, 64 columns)
+  int seq, heads, group, kv_heads, q64_tiles, batch;
+  float scale, scale_log2;
+};
+
+// D = dO.O for each (token, head): a warp a pair, four elements a lane.
+__global__ void DotKernel(const __nv_bfloat16* __restrict__ grad_o, int64_t grad_o_stride,
+                          const __nv_bfloat16* __restrict__ o, int64_t o_stride, float* __restrict__ dot, int seq,
+                          int heads, int64_t pairs) {
+  const int64_t pair = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (pair >= pairs) return;
+  const int64_t token = pair / heads;
+  const int head = static_cast<int>(pair % heads);
+  const int64_t column = head * kHeadDim + lane * 4;
+  const uint2 a = *reinterpret_cast<const uint2*>(grad_o + token * grad_o_stride + column);
+  const uint2 b = *reinterpret_cast<const uint2*>(o + token * o_stride + column);
+  const auto* a2 = reinterpret_cast<const __nv_bfloat162*>(&a);
+  const auto* b2 = reinterpret_cast<const __nv_bfloat162*>(&b);
+  float sum = 0.f;
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    const float2 x = __bfloat1622float2(a2[e]), y = __bfloat1622float2(b2[e]);
+    sum += x.x * y.x + x.y * y.y;
+  }
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffff, sum, offset);
+  if (lane == 0) {
+    const int64_t b_index = token / seq, t = token % seq;
+    dot[(b_index * heads + head) * seq + t] = sum;
+  }
+}
+
+// dQ = scale * its float32 sums, rounded to bf16 into q's layout: 8 columns a thread.
+__global__ void DqKernel(const float* __restrict__ dq_sums, __nv_bfloat16* __restrict__ grad_q, int64_t grad_q_stride,
+                         int seq, int heads, int q64_tiles, float scale, int64_t units) {
+  const int64_t unit = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;  // (token, head, 8 columns)
+  if (unit >= units) return;
+  const int col = static_cast<int>(unit % (kHeadDim / 8)) * 8;
+  const int head = static_cast<int>(unit / (kHeadDim / 8) % heads);
+  const int64_t token = unit / (kHeadDim / 8) / heads;
+  const int64_t b = token / seq;
+  const int t = static_cast<int>(token % seq);
+  const float* sums = dq_sums + ((b * heads + head) * q64_tiles + t / kBackwardQ) * kDqTileFloats +
+                      (col / 64) * (kBackwardQ * 64) + (t % kBackwardQ) * 64 + col % 64;
+  const float4 lo = *reinterpret_cast<const float4*>(sums);
+  const float4 hi = *reinterpret_cast<const float4*>(sums + 4);
+  uint4 out;
+  out.x = PackBf16(lo.x * scale, lo.y * scale);
+  out.y = PackBf16(lo.z * scale, lo.w * scale);
+  out.z = PackBf16(hi.x * scale, hi.y * scale);
+  out.w = PackBf16(hi.z * scale, hi.w * scale);
+  *reinterpret_cast<uint4*>(grad_q + token * grad_q_stride + head * kHeadDim + col) = out;
+}
+
+// Adds `bytes` of float32 from shared memory onto global memory (TMA's bulk
+// reduction), in the current bulk group.
+__device__ __forceinline__ void BulkAddF32(float* global, const void* shared, int bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;" ::"l"(global),
+               "r"(SmemAddress(shared)), "r"(bytes)
+               : "memory");
+}
+
+// A block for each (128 keys j, kv head, sequence): the producer loads K and
+// V once, then Q and dO of each step (query head hh of the group, query tile
+// i of 64 rows from the keys' first row on) into a two-stage ring. Consumer
+// c owns keys 64 c .. 64 c + 63 and accumulates their dK and dV over every
+// step in registers; a step:
+//   S^T = K_c Q_i^T, dP^T = V_c dO_i^T            (64 keys x 64 queries each)
+//   P^T = 2^(scale_log2 S^T - lse_i log2 e) (0 past the diagonal or the sequence),
+//   dS^T = P^T (dP^T - D_i)
+//   dV_c += P^T dO_i, dK_c += dS^T Q_i            (P^T and dS^T from registers)
+//   dS^T to shared memory (both consumers' halves: 128 keys x 64 queries),
+//   dQ_i[:, 64 c ..] = dS K[:, 64 c ..]           (over all 128 keys)
+//   added onto the float32 sums by a bulk reduction from a staging buffer.
+// dK is scaled at the end (dQ by the conversion kernel).
+__global__ void __launch_bounds__(kThreads, 1) BackwardKernel(const __grid_constant__ BackwardMaps maps) {
+  extern __shared__ uint8_t raw_smem[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw_smem) + 1023) & ~uintptr_t{1023});
+  uint8_t* k_smem = smem;                     // box db (64 columns, 128 rows) at db * 16 KB
+  uint8_t* v_smem = k_smem + kKBytes;         // likewise
+  uint8_t* stages = v_smem + kVBytes;         // stage s: Q at s * 32 KB, dO at + 16 KB (boxes 8 KB apart)
+  uint8_t* ds_smem = stages + kStages * 2 * kQ64Bytes;  // buffer n % 2 of step n: consumer c's keys at c * 8 KB
+  uint8_t* staging = ds_smem + 2 * kDsBytes;            // consumer c's at c * 16 KB
+  // Stage s's log-sum-exps (log2 units) at rows[s][0][..], D at rows[s][1][..].
+  auto* rows = reinterpret_cast<float(*)[2][kBackwardQ]>(staging + 2 * kStagingBytes);
+  uint64_t* full = reinterpret_cast<uint64_t*>(staging + 2 * kStagingBytes + kRowBytes);
+  uint64_t* empty = full + kStages;
+  uint64_t* kv_full = empty + kStages;
+
+  const int per_tile = maps.batch * maps.kv_heads;
+  const int j = static_cast<int>(blockIdx.x) / per_tile;  // the heaviest (most queries) first
+  const int batch = static_cast<int>(blockIdx.x) % per_tile / maps.kv_heads;
+  const int kv_head = static_cast<int>(blockIdx.x) % maps.kv_heads;
+  const int first_i = j * (kBlockKv / kBackwardQ);
+  const int per_head = maps.q64_tiles - first_i;
+  const int steps = maps.group * per_head;
+
+  const int warpgroup = threadIdx.x / 128;
+  const int tid = threadIdx.x % 128;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      BarrierInit(&full[s], 2);  // the loads' thread (and their bytes), the rows' warp
+      BarrierInit(&empty[s], 2 * 4);
+    }
+    BarrierInit(kv_full, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+
+  if (warpgroup == 0) {
+    LowerRegisters<kBackwardProducerRegisters>();
+    if (tid >= 32 && tid < 64) {
+      // Warp 1: each step's 64 log-sum-exps and D values into the stage
+      // (0 past the sequence), two of each a lane.
+      const int lane = tid - 32;
+      for (int n = 0; n < steps; ++n) {
+        const int s = n % kStages;
+        const int head = kv_head * maps.group + n / per_head, i = first_i + n % per_head;
+        const int64_t base = (static_cast<int64_t>(batch) * maps.heads + head) * maps.seq;
+        float lse[2], dot[2];
+        for (int e = 0; e < 2; ++e) {
+          const int query = i * kBackwardQ + 2 * lane + e;
+          lse[e] = query < maps.seq ? __ldg(maps.lse + base + query) * 1.4426950408889634f : 0.f;
+          dot[e] = query < maps.seq ? __ldg(maps.dot + base + query) : 0.f;
+        }
+        BarrierWait(&empty[s], ((n / kStages) & 1) ^ 1);
+        *reinterpret_cast<float2*>(&rows[s][0][2 * lane]) = make_float2(lse[0], lse[1]);
+        *reinterpret_cast<float2*>(&rows[s][1][2 * lane]) = make_float2(dot[0], dot[1]);
+        __syncwarp();
+        if (lane == 0) BarrierArrive(&full[s]);
+      }
+      return;
+    }
+    if (tid != 0) return;
+    BarrierExpectBytes(kv_full, kKBytes + kVBytes);
+    for (int db = 0; db < 2; ++db) {
+      const int col = kv_head * kHeadDim + 64 * db;
+      TmaLoad3(k_smem + db * kBoxBytes, &maps.k, col, j * kBlockKv, batch, kv_full);
+      TmaLoad3(v_smem + db * kBoxBytes, &maps.v, col, j * kBlockKv, batch, kv_full);
+    }
+    for (int n = 0; n < steps; ++n) {
+      const int s = n % kStages;
+      const int head = kv_head * maps.group + n / per_head, i = first_i + n % per_head;
+      BarrierWait(&empty[s], ((n / kStages) & 1) ^ 1);
+      BarrierExpectBytes(&full[s], 2 * kQ64Bytes);
+      uint8_t* q = stages + s * 2 * kQ64Bytes;
+      for (int db = 0; db < 2; ++db) {
+        TmaLoad3(q + db * kChunk, &maps.q, head * kHeadDim + 64 * db, i * kBackwardQ, batch, &full[s]);
+        TmaLoad3(q + kQ64Bytes + db * kChunk, &maps.grad_o, head * kHeadDim + 64 * db, i * kBackwardQ, batch,
+                 &full[s]);
+      }
+    }
+    return;
+  }
+
+  RaiseRegisters<kBackwardConsumerRegisters>();
+  const int consumer = warpgroup - 1;
+  const int warp = tid / 32, lane = tid % 32;
+  // This thread's rows (keys) and columns (queries, within a step's 64) of
+  // the 64 x 64 products: rows key0 and key0 + 8, columns 8 g + 2 (lane % 4) + {0, 1}.
+  const int key0 = j * kBlockKv + consumer * 64 + 16 * warp + lane / 4;
+  float dk[64], dv[64];
+#pragma unroll
+  for (int e = 0; e < 64; ++e) dk[e] = dv[e] = 0.f;
+  uint8_t* my_staging = staging + consumer * kStagingBytes;
+  const uint32_t k_address = SmemAddress(k_smem + consumer * (kBoxBytes / 2));
+  const uint32_t v_address = SmemAddress(v_smem + consumer * (kBoxBytes / 2));
+  BarrierWait(kv_full, 0);
+  for (int n = 0; n < steps; ++n) {
+    const int s = n % kStages;
+    const int head = kv_head * maps.group + n / per_head, i = first_i + n % per_head;
+    const int query0 = i * kBackwardQ + 2 * (lane % 4);
+    BarrierWait(&full[s], (n / kStages) & 1);
+    uint8_t* q_stage = stages + s * 2 * kQ64Bytes;
+    uint8_t* do_stage = q_stage + kQ64Bytes;
+    const uint32_t q_address = SmemAddress(q_stage), do_address = SmemAddress(do_stage);
+    float st[32], dpt[32];
+    WgmmaFence();
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+      const uint32_t kv_step = (kk / 4) * kBoxBytes + (kk % 4) * 32, q_step = (kk / 4) * kChunk + (kk % 4) * 32;
+      WgmmaSS64<0, 0>(st, DescriptorK(k_address + kv_step), DescriptorK(q_address + q_step), kk > 0);
+    }
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+      const uint32_t kv_step = (kk / 4) * kBoxBytes + (kk % 4) * 32, q_step = (kk / 4) * kChunk + (kk % 4) * 32;
+      WgmmaSS64<0, 0>(dpt, DescriptorK(v_address + kv_step), DescriptorK(do_address + q_step), kk > 0);
+    }
+    WgmmaCommit();
+    WgmmaWait<0>();
+
+    // P^T into st, dS^T into dpt. Masked: a key past its query (only the
+    // steps that reach the diagonal: i < first_i + 2) or a query past the sequence.
+    const bool diagonal = i < first_i + kBlockKv / kBackwardQ;
+#pragma unroll
+    for (int g = 0; g < 8; ++g) {
+      const int column = 8 * g + 2 * (lane % 4);
+      const float2 lse2 = *reinterpret_cast<const float2*>(&rows[s][0][column]);
+      const float2 dot = *reinterpret_cast<const float2*>(&rows[s][1][column]);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int query = query0 + 8 * g + (e & 1), key = key0 + 8 * (e >> 1);
+        const bool masked = query >= maps.seq || (diagonal && key > query);
+        const float p = masked ? 0.f : Exp2(st[4 * g + e] * maps.scale_log2 - ((e & 1) ? lse2.y : lse2.x));
+        st[4 * g + e] = p;
+        dpt[4 * g + e] = p * (dpt[4 * g + e] - ((e & 1) ? dot.y : dot.x));
+      }
+    }
+    uint8_t* ds = ds_smem + (n % 2) * kDsBytes;
+    WriteChunk(ds + consumer * kChunk, warp, lane, 0, [&](int g, int e) { return dpt[4 * g + e]; });
+    uint32_t pt[16], dst[16];
+#pragma unroll
+    for (int g = 0; g < 8; ++g) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        pt[2 * g + r] = PackBf16(st[4 * g + 2 * r], st[4 * g + 2 * r + 1]);
+        dst[2 * g + r] = PackBf16(dpt[4 * g + 2 * r], dpt[4 * g + 2 * r + 1]);
+      }
+    }
+    FenceAsyncShared();
+    WgmmaFence();
+#pragma unroll
+    for (int kk = 0; kk < kBackwardQ / 16; ++kk) {
+      const uint32_t a[4] = {pt[4 * kk], pt[4 * kk + 1], pt[4 * kk + 2], pt[4 * kk + 3]};
+      WgmmaRS(dv, a, DescriptorMN(do_address + kk * 2048));
+    }
+#pragma unroll
+    for (int kk = 0; kk < kBackwardQ / 16; ++kk) {
+      const uint32_t a[4] = {dst[4 * kk], dst[4 * kk + 1], dst[4 * kk + 2], dst[4 * kk + 3]};
+      WgmmaRS(dk, a, DescriptorMN(q_address + kk * 2048));
+    }
+    WgmmaCommit();
+    NamedBarrier(1, 256);  // both consumers' halves of dS^T written
+    float dq[32];
+    const uint32_t ds_address = SmemAddress(ds);
+    const uint32_t k_half = SmemAddress(k_smem + consumer * kBoxBytes);
+#pragma unroll
+    for (int kk = 0; kk < kBlockKv / 16; ++kk) {
+      WgmmaSS64<1, 1>(dq, DescriptorMN(ds_address + kk * 2048), DescriptorMN(k_half + kk * 2048), kk > 0);
+    }
+    WgmmaCommit();
+    WgmmaWait<0>();
+    if (lane == 0) BarrierArrive(&empty[s]);  // the stage's Q and dO are read
+
+    // dQ's half onto its sums: the previous step's reduction has read the staging buffer first.
+    if (tid == 0) TmaStoreWaitRead<0>();
+    NamedBarrier(2 + consumer, 128);
+#pragma unroll
+    for (int g = 0; g < 8; ++g) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = 16 * warp + lane / 4 + 8 * r, col = 8 * g + 2 * (lane % 4);
+        *reinterpret_cast<float2*>(my_staging + (row * 64 + col) * 4) = make_float2(dq[4 * g + 2 * r], dq[4 * g + 2 * r + 1]);
+      }
+    }
+    FenceAsyncShared();
+    NamedBarrier(2 + consumer, 128);
+    if (tid == 0) {
+      float* sums = maps.dq_sums + ((static_cast<int64_t>(batch) * maps.heads + head) * maps.q64_tiles + i) *
+                                       kDqTileFloats + consumer * (kBackwardQ * 64);
+      BulkAddF32(sums, my_staging, kStagingBytes);
+      TmaStoreCommit();
+    }
+  }
+
+  // dK (scaled) and dV, rounded to bf16 into the stages' room once both
+  // consumers are done with it (consumer c's: stage c, dK over Q's boxes, dV
+  // over dO's), stored by TMA.
+  NamedBarrier(1, 256);
+  uint8_t* out = stages + consumer * 2 * kQ64Bytes;
+  for (int db = 0; db < 2; ++db) {
+    WriteChunk(out + db * kChunk, warp, lane, 8 * db, [&](int g, int e) { return dk[4 * g + e] * maps.scale; });
+    WriteChunk(out + kQ64Bytes + db * kChunk, warp, lane, 8 * db, [&](int g, int e) { return dv[4 * g + e]; });
+  }
+  FenceAsyncShared();
+  NamedBarrier(2 + consumer, 128);
+  if (tid == 0) {
+    for (int db = 0; db < 2; ++db) {
+      const int col = kv_head * kHeadDim + 64 * db, row = j * kBlockKv + consumer * 64;
+      TmaStore3Uncommitted(&maps.grad_k, out + db * kChunk, col, row, batch);
+      TmaStore3Uncommitted(&maps.grad_v, out + kQ64Bytes + db * kChunk, col, row, batch);
+    }
+    TmaStoreCommit();
+    TmaStoreWaitAll();
+  }
+}
+
 bool CurrentDeviceIsHopper() {
   int device = 0, major = 0, minor = 0;
   if (cudaGetDevice(&device) != cudaSuccess) return false;
@@ -282,33 +621,65 @@ bool CurrentDeviceIsHopper() {
 
 bool Aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+// The operands' checks that the forward and the backward share: "" or why not.
+std::string CheckOperands(const HopperAttentionOperands& a) {
+  if (!CurrentDeviceIsHopper()) return "the current device is not a Hopper GPU (compute capability 9.0)";
+  if (a.batch <= 0 || a.seq <= 0 || a.heads <= 0 || a.kv_heads <= 0 || a.heads % a.kv_heads != 0) {
+    return "batch, seq, heads and kv_heads must be positive, heads a multiple of kv_heads";
+  }
+  if (a.lse == nullptr || !Aligned(a.q) || !Aligned(a.k) || !Aligned(a.v) || !Aligned(a.o) || a.q_stride % 8 != 0 ||
+      a.k_stride % 8 != 0 || a.v_stride % 8 != 0 || a.o_stride % 8 != 0 || a.q_stride < a.heads * kHeadDim ||
+      a.k_stride < a.kv_heads * kHeadDim || a.v_stride < a.kv_heads * kHeadDim || a.o_stride < a.heads * kHeadDim) {
+    return "pointers must be 16-byte aligned, row strides multiples of 8 elements of at least the heads' columns, "
+           "and lse given";
+  }
+  const int64_t q64_tiles = (a.seq + kBackwardQ - 1) / kBackwardQ;
+  if (q64_tiles * a.batch * a.heads >= (int64_t{1} << 31) || a.seq * a.batch >= (int64_t{1} << 31)) {
+    return "too many rows";
+  }
+  return "";
+}
+
+// A 3-D map over (batch, seq, columns) of rows `stride` apart, box box_rows x 64.
+std::string SequenceMap(CUtensorMap* map, const void* base, const HopperAttentionOperands& a, int64_t columns,
+                        int64_t stride, int box_rows) {
+  return Map(map, base, a.seq, columns, stride, box_rows, a.batch, a.seq * stride);
+}
+
+// Raises the kernel's dynamic shared-memory limit, once a device.
+template <auto kKernel>
+std::string AllowSharedMemory(int bytes) {
+  static std::once_flag once[64];
+  static cudaError_t raised[64];
+  int device = 0;
+  cudaGetDevice(&device);
+  std::call_once(once[device % 64], [&] {
+    raised[device % 64] = cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  });
+  return raised[device % 64] == cudaSuccess
+             ? ""
+             : std::string("raising the shared-memory limit failed: ") + cudaGetErrorString(raised[device % 64]);
+}
+
+std::string Launched(const char* what) {
+  const cudaError_t e = cudaGetLastError();
+  return e == cudaSuccess ? "" : std::string("HopperAttention: ") + what + " failed: " + cudaGetErrorString(e);
+}
+
 }  // namespace
 
 bool HopperAttentionSuits() { return CurrentDeviceIsHopper(); }
 
 std::string HopperAttentionForward(const HopperAttentionOperands& a, void* stream) {
-  if (!CurrentDeviceIsHopper()) return "HopperAttention: the current device is not a Hopper GPU (compute capability 9.0)";
-  if (a.batch <= 0 || a.seq <= 0 || a.heads <= 0 || a.kv_heads <= 0 || a.heads % a.kv_heads != 0) {
-    return "HopperAttention: batch, seq, heads and kv_heads must be positive, heads a multiple of kv_heads";
-  }
-  if (a.lse == nullptr || !Aligned(a.q) || !Aligned(a.k) || !Aligned(a.v) || !Aligned(a.o) || a.q_stride % 8 != 0 ||
-      a.k_stride % 8 != 0 || a.v_stride % 8 != 0 || a.o_stride % 8 != 0 || a.q_stride < a.heads * kHeadDim ||
-      a.k_stride < a.kv_heads * kHeadDim || a.v_stride < a.kv_heads * kHeadDim || a.o_stride < a.heads * kHeadDim) {
-    return "HopperAttention: pointers must be 16-byte aligned, row strides multiples of 8 elements of at least "
-           "the heads' columns, and lse given";
-  }
-  const int64_t q_tiles = (a.seq + kBlockQ - 1) / kBlockQ;
-  if (q_tiles * a.batch * a.heads >= (int64_t{1} << 31) || a.seq * a.batch >= (int64_t{1} << 31)) {
-    return "HopperAttention: too many rows";
-  }
+  std::string why = CheckOperands(a);
   AttentionMaps maps{};
-  std::string why = Map(&maps.q, a.q, a.seq, a.heads * kHeadDim, a.q_stride, kBlockQ, a.batch, a.seq * a.q_stride);
-  if (why.empty()) {
-    why = Map(&maps.k, a.k, a.seq, a.kv_heads * kHeadDim, a.k_stride, kBlockKv, a.batch, a.seq * a.k_stride);
-  }
-  if (why.empty()) why = Map(&maps.v, a.v, a.seq, a.kv_heads * kHeadDim, a.v_stride, 64, a.batch, a.seq * a.v_stride);
-  if (why.empty()) why = Map(&maps.o, a.o, a.seq, a.heads * kHeadDim, a.o_stride, 64, a.batch, a.seq * a.o_stride);
+  if (why.empty()) why = SequenceMap(&maps.q, a.q, a, a.heads * kHeadDim, a.q_stride, kBlockQ);
+  if (why.empty()) why = SequenceMap(&maps.k, a.k, a, a.kv_heads * kHeadDim, a.k_stride, kBlockKv);
+  if (why.empty()) why = SequenceMap(&maps.v, a.v, a, a.kv_heads * kHeadDim, a.v_stride, 64);
+  if (why.empty()) why = SequenceMap(&maps.o, a.o, a, a.heads * kHeadDim, a.o_stride, 64);
+  if (why.empty()) why = AllowSharedMemory<ForwardKernel>(kSmemBytes);
   if (!why.empty()) return "HopperAttention: " + why;
+  const int64_t q_tiles = (a.seq + kBlockQ - 1) / kBlockQ;
   maps.lse = a.lse;
   maps.seq = static_cast<int>(a.seq);
   maps.heads = static_cast<int>(a.heads);
@@ -316,22 +687,69 @@ std::string HopperAttentionForward(const HopperAttentionOperands& a, void* strea
   maps.q_tiles = static_cast<int>(q_tiles);
   maps.batch = static_cast<int>(a.batch);
   maps.scale_log2 = a.scale * 1.4426950408889634f;
-
-  static std::once_flag once[64];
-  static cudaError_t raised[64];
-  int device = 0;
-  cudaGetDevice(&device);
-  std::call_once(once[device % 64], [&] {
-    raised[device % 64] = cudaFuncSetAttribute(ForwardKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
-  });
-  if (raised[device % 64] != cudaSuccess) {
-    return std::string("HopperAttention: raising the shared-memory limit failed: ") +
-           cudaGetErrorString(raised[device % 64]);
-  }
   const int blocks = static_cast<int>(q_tiles * a.batch * a.heads);
   ForwardKernel<<<blocks, kThreads, kSmemBytes, static_cast<cudaStream_t>(stream)>>>(maps);
-  const cudaError_t e = cudaGetLastError();
-  return e == cudaSuccess ? "" : std::string("HopperAttention: launch failed: ") + cudaGetErrorString(e);
+  return Launched("the forward's launch");
+}
+
+int64_t HopperAttentionWorkspaceBytes(int64_t batch, int64_t seq, int64_t heads) {
+  const int64_t q64_tiles = (seq + kBackwardQ - 1) / kBackwardQ;
+  return (batch * heads * q64_tiles * kDqTileFloats + batch * heads * seq) * 4;
+}
+
+std::string HopperAttentionBackward(const HopperAttentionGradientOperands& g, void* stream) {
+  const HopperAttentionOperands& a = g.forward;
+  std::string why = CheckOperands(a);
+  if (why.empty() && (g.workspace == nullptr || !Aligned(g.workspace) || !Aligned(g.grad_o) || !Aligned(g.grad_q) ||
+                      !Aligned(g.grad_k) || !Aligned(g.grad_v) || g.grad_o_stride % 8 != 0 ||
+                      g.grad_q_stride % 8 != 0 || g.grad_k_stride % 8 != 0 || g.grad_v_stride % 8 != 0 ||
+                      g.grad_o_stride < a.heads * kHeadDim || g.grad_q_stride < a.heads * kHeadDim ||
+                      g.grad_k_stride < a.kv_heads * kHeadDim || g.grad_v_stride < a.kv_heads * kHeadDim)) {
+    why = "the gradients and the workspace must be 16-byte aligned, their row strides multiples of 8 elements of "
+          "at least the heads' columns";
+  }
+  BackwardMaps maps{};
+  if (why.empty()) why = SequenceMap(&maps.q, a.q, a, a.heads * kHeadDim, a.q_stride, kBackwardQ);
+  if (why.empty()) why = SequenceMap(&maps.k, a.k, a, a.kv_heads * kHeadDim, a.k_stride, kBlockKv);
+  if (why.empty()) why = SequenceMap(&maps.v, a.v, a, a.kv_heads * kHeadDim, a.v_stride, kBlockKv);
+  if (why.empty()) why = SequenceMap(&maps.grad_o, g.grad_o, a, a.heads * kHeadDim, g.grad_o_stride, kBackwardQ);
+  if (why.empty()) why = SequenceMap(&maps.grad_k, g.grad_k, a, a.kv_heads * kHeadDim, g.grad_k_stride, 64);
+  if (why.empty()) why = SequenceMap(&maps.grad_v, g.grad_v, a, a.kv_heads * kHeadDim, g.grad_v_stride, 64);
+  if (why.empty()) why = AllowSharedMemory<BackwardKernel>(kBackwardSmemBytes);
+  if (!why.empty()) return "HopperAttention: " + why;
+  const int64_t q64_tiles = (a.seq + kBackwardQ - 1) / kBackwardQ;
+  const int64_t sums = a.batch * a.heads * q64_tiles * kDqTileFloats;
+  auto* workspace = static_cast<float*>(g.workspace);
+  auto* s = static_cast<cudaStream_t>(stream);
+  maps.lse = a.lse;
+  maps.dot = workspace + sums;
+  maps.dq_sums = workspace;
+  maps.seq = static_cast<int>(a.seq);
+  maps.heads = static_cast<int>(a.heads);
+  maps.group = static_cast<int>(a.heads / a.kv_heads);
+  maps.kv_heads = static_cast<int>(a.kv_heads);
+  maps.q64_tiles = static_cast<int>(q64_tiles);
+  maps.batch = static_cast<int>(a.batch);
+  maps.scale = a.scale;
+  maps.scale_log2 = a.scale * 1.4426950408889634f;
+
+  if (cudaMemsetAsync(workspace, 0, sums * 4, s) != cudaSuccess) return Launched("zeroing dQ's sums");
+  const int64_t pairs = a.batch * a.seq * a.heads;
+  DotKernel<<<static_cast<unsigned>((pairs * 32 + 255) / 256), 256, 0, s>>>(
+      static_cast<const __nv_bfloat16*>(g.grad_o), g.grad_o_stride, static_cast<const __nv_bfloat16*>(a.o),
+      a.o_stride, workspace + sums, maps.seq, maps.heads, pairs);
+  why = Launched("dO.O's launch");
+  if (!why.empty()) return why;
+  const int64_t kv_tiles = (a.seq + kBlockKv - 1) / kBlockKv;
+  const int blocks = static_cast<int>(kv_tiles * a.batch * a.kv_heads);
+  BackwardKernel<<<blocks, kThreads, kBackwardSmemBytes, s>>>(maps);
+  why = Launched("the backward's launch");
+  if (!why.empty()) return why;
+  const int64_t units = pairs * (kHeadDim / 8);
+  DqKernel<<<static_cast<unsigned>((units + 255) / 256), 256, 0, s>>>(
+      workspace, static_cast<__nv_bfloat16*>(g.grad_q), g.grad_q_stride, maps.seq, maps.heads, maps.q64_tiles,
+      a.scale, units);
+  return Launched("dQ's conversion");
 }
 
 }  // namespace trainerd::kernels

@@ -10,7 +10,7 @@
 // Torch-free: raw device pointers, element strides, a cudaStream_t passed as
 // `void*`. Built for sm_90a only (the library of hopper_gemm.cu).
 //
-// The kernel (FlashAttention-3's shape, without its intra-warpgroup
+// The forward (FlashAttention-3's shape, without its intra-warpgroup
 // pipelining): a block for each 128 query rows of a head; a producer warp
 // loads the rows' Q once and each 128-key tile of K and V by TMA into a
 // two-stage ring; two consumer warpgroups of 64 query rows each run S = Q K^T
@@ -45,6 +45,26 @@ struct HopperAttentionOperands {
   float scale = 0.f;  // usually 1 / sqrt(128)
 };
 
+// The backward's operands: the forward's (lse as it wrote it) with O, and
+// dO in O's layout; dQ, dK and dV are written in q's, k's and v's layouts
+// (bf16, strides multiples of 8; they may be column blocks of one buffer).
+struct HopperAttentionGradientOperands {
+  HopperAttentionOperands forward;  // q, k, v, o, lse as the forward had them
+  const void* grad_o = nullptr;     // (batch * seq, heads * 128), rows grad_o_stride apart
+  int64_t grad_o_stride = 0;
+  void* grad_q = nullptr;  // like q: (batch * seq, heads * 128), rows grad_q_stride apart
+  void* grad_k = nullptr;  // like k
+  void* grad_v = nullptr;  // like v
+  int64_t grad_q_stride = 0, grad_k_stride = 0, grad_v_stride = 0;
+  // Scratch of HopperAttentionWorkspaceBytes(batch, seq, heads) bytes,
+  // 16-byte aligned: dQ's float32 sums and each row's dO.O.
+  void* workspace = nullptr;
+};
+
+// The backward's scratch: float32 dQ sums for every 64 query rows of a head
+// (padded to whole tiles) and a float a row and head.
+[[nodiscard]] int64_t HopperAttentionWorkspaceBytes(int64_t batch, int64_t seq, int64_t heads);
+
 // Whether the current device is a Hopper GPU (compute capability 9.0).
 [[nodiscard]] bool HopperAttentionSuits();
 
@@ -52,5 +72,14 @@ struct HopperAttentionOperands {
 // why it did not launch (device, alignment, shapes) or the launch's CUDA
 // error: nothing was written then.
 [[nodiscard]] std::string HopperAttentionForward(const HopperAttentionOperands& operands, void* stream);
+
+// Launches the backward on `stream` (asynchronous; three launches: dO.O a
+// row, the main kernel, dQ's conversion). The main kernel takes a block for
+// each 128 keys of a kv head and loops over the query heads that share it
+// and their query tiles of 64 rows at or past the keys (causal), so the
+// grouped heads' dK and dV are summed in registers; dQ's partial products
+// are added by TMA's bulk reduction into float32 sums, converted to bf16 at
+// the end. "" on success, or why it did not launch.
+[[nodiscard]] std::string HopperAttentionBackward(const HopperAttentionGradientOperands& operands, void* stream);
 
 }  // namespace trainerd::kernels
