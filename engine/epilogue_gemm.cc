@@ -5,7 +5,7 @@
 #include <cstring>
 #include <string>
 
-#ifdef TRAINERD_WITH_HOPPER_GEMM
+#ifdef TRAINERD_WITH_HOPPER_KERNELS
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
@@ -35,7 +35,7 @@ std::atomic<bool>& RopeSetting() {
   return on;
 }
 
-#ifdef TRAINERD_WITH_HOPPER_GEMM
+#ifdef TRAINERD_WITH_HOPPER_KERNELS
 bool Bf16Rows(const torch::Tensor& t) {
   return t.is_cuda() && t.scalar_type() == torch::kBFloat16 && t.dim() == 2 && t.stride(1) == 1 &&
          t.stride(0) % 8 == 0 && t.stride(0) >= t.size(1) && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
@@ -108,7 +108,7 @@ void Launch(kernels::HopperGemmOperands o, kernels::HopperEpilogue epilogue, con
 
 torch::Tensor GateUpWithSwiGlu(const torch::Tensor& x, const torch::Tensor& w, int64_t h_spare_columns,
                                torch::Tensor* h) {
-#ifdef TRAINERD_WITH_HOPPER_GEMM
+#ifdef TRAINERD_WITH_HOPPER_KERNELS
   if (Setting().load(std::memory_order_relaxed) < 1 || !Takes(x, w, h_spare_columns)) return {};
   const c10::cuda::CUDAGuard guard(x.device());
   const int64_t m = x.size(0), f = w.size(0) / 2;
@@ -133,7 +133,7 @@ torch::Tensor GateUpWithSwiGlu(const torch::Tensor& x, const torch::Tensor& w, i
 
 torch::Tensor DownInputGradientWithSwiGlu(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& gate,
                                           const torch::Tensor& up) {
-#ifdef TRAINERD_WITH_HOPPER_GEMM
+#ifdef TRAINERD_WITH_HOPPER_KERNELS
   if (Setting().load(std::memory_order_relaxed) < 2 || !TakesBackward(x, w, gate, up)) return {};
   const c10::cuda::CUDAGuard guard(x.device());
   const int64_t n = x.size(0), f = w.size(1);
@@ -155,7 +155,7 @@ torch::Tensor DownInputGradientWithSwiGlu(const torch::Tensor& x, const torch::T
 
 torch::Tensor ProductWithRope(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& positions,
                               const torch::Tensor& inv_freq, int64_t head_dim, int64_t rotate_columns) {
-#ifdef TRAINERD_WITH_HOPPER_GEMM
+#ifdef TRAINERD_WITH_HOPPER_KERNELS
   if (!RopeSetting().load(std::memory_order_relaxed) || head_dim != 128 || rotate_columns <= 0 ||
       rotate_columns % 128 != 0 || rotate_columns > w.size(0) ||
       !RopeTables(positions, inv_freq, x.size(0), x.device()) || !TakesProduct(x, w)) {

@@ -11,6 +11,7 @@
 #include "engine/durable_files.h"
 #include "engine/epilogue_gemm.h"
 #include "engine/flops.h"
+#include "engine/hopper_attention.h"
 #include "engine/lr_schedule.h"
 #include "engine/step_graph.h"
 
@@ -321,6 +322,7 @@ StatusOr<RunResult> Trainer::Run(const RunOptions& options) {
   PendingStep pending;
   StepProfiler profiler(options.profile);
   const EpilogueGemmCounts epilogue_gemm_before = EpilogueGemmRuns();
+  const int64_t attention_before = HopperAttentionRuns();
 
   for (int64_t step = first_step; step < total_steps_; ++step) {
     TRAINERD_RETURN_IF_ERROR(profiler.BeforeStep(step - first_step + 1));
@@ -377,6 +379,12 @@ StatusOr<RunResult> Trainer::Run(const RunOptions& options) {
     TRAINERD_RETURN_IF_ERROR(profiler.AfterStep(step - first_step + 1));
     if (step == first_step && (SwiGluGemmLevel() > 0 || RopeGemmEnabled())) {
       reporter_.OnMessage(EpilogueGemmNote(epilogue_gemm_before));
+    }
+    if (step == first_step && HopperAttentionEnabled()) {
+      reporter_.OnMessage("TRAINERD_HOPPER_ATTENTION=1: the first step ran attention in " +
+                          std::to_string(HopperAttentionRuns() - attention_before) +
+                          " forwards of the Hopper attention kernels (the others ran cuDNN's or flash attention: "
+                          "engine/hopper_attention.h)");
     }
     const bool last = state.step == total_steps_;
     bool stopping = options.stop && options.stop->load();

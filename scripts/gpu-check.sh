@@ -6,7 +6,7 @@
 # kernels' and speed paths' tests on CUDA, and the kernels under compute-sanitizer.
 # Logs go to $OUT (or /tmp/gpu-check).
 # QUICK=1: only the engine's CUDA suites (parity, packing, fused kernels, speed paths, step graphs, LoRA
-# dropout, the Hopper GEMM's epilogues; about two minutes with the build): the targets they need are built, and the CPU suite, compute-sanitizer,
+# dropout, the Hopper GEMM's epilogues, the Hopper attention; about two minutes with the build): the targets they need are built, and the CPU suite, compute-sanitizer,
 # the PEFT and transformers loads, the demo and the daemon are skipped.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -24,7 +24,7 @@ quick=${QUICK:-0}
 limited() { timeout --kill-after=10 "${TEST_TIMEOUT_S:-300}" "$@"; }
 targets=()
 [ "$quick" = 1 ] && targets=(--target parity_test packing_test fused_ops_test speed_paths_test step_graph_test
-  lora_dropout_test epilogue_gemm_test)
+  lora_dropout_test epilogue_gemm_test hopper_attention_test)
 cmake -S . -B $b -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
   -DCMAKE_PREFIX_PATH="$TORCH_PREFIX;$R/usr" \
   > "$out/build.log" 2>&1 && cmake --build $b -j16 "${targets[@]}" -- -k 0 >> "$out/build.log" 2>&1
@@ -57,15 +57,19 @@ for dtype in bfloat16 float32; do
   TRAINERD_TEST_DEVICE=cuda TRAINERD_TEST_DTYPE=$dtype limited $b/tests/engine/epilogue_gemm_test \
     > "$out/epilogue-gemm-cuda-$dtype.log" 2>&1
   echo "epilogue_gemm_test $dtype rc $?"
+  TRAINERD_TEST_DEVICE=cuda TRAINERD_TEST_DTYPE=$dtype limited $b/tests/engine/hopper_attention_test \
+    > "$out/hopper-attention-cuda-$dtype.log" 2>&1
+  echo "hopper_attention_test $dtype rc $?"
 done
 if [ "$quick" = 1 ]; then
   for log in "$out"/fused-ops-cuda.log "$out"/speed-paths-cuda-*.log "$out"/step-graph-cuda-*.log \
-    "$out"/lora-dropout-cuda-*.log "$out"/epilogue-gemm-cuda-*.log; do grep -E '^\[  (PASSED|FAILED)' "$log"; done
+    "$out"/lora-dropout-cuda-*.log "$out"/epilogue-gemm-cuda-*.log "$out"/hopper-attention-cuda-*.log; do grep -E '^\[  (PASSED|FAILED)' "$log"; done
   exit 0
 fi
 OUT=$out/sanitize bash scripts/gpu-sanitize.sh $b
 OUT=$out/sanitize-dropout SUITE=dropout bash scripts/gpu-sanitize.sh $b
 OUT=$out/sanitize-gemm SUITE=gemm bash scripts/gpu-sanitize.sh $b
+OUT=$out/sanitize-attention SUITE=attention bash scripts/gpu-sanitize.sh $b
 echo "== PEFT loads the adapter trainerd wrote (trained on CUDA float32, checked on CPU)"
 python3 tools/check_peft_load.py tests/fixtures/llama/model /tmp/peft-float32 2>&1 | tail -1 | tee "$out/peft-load.txt"
 echo "== demo on the GPU"; $b/bin/trainerd-worker run etc/examples/tiny-lora.yaml > "$out/demo.log" 2>&1; echo "demo rc $?"; tail -3 "$out/demo.log"

@@ -21,7 +21,9 @@
 # test runs in both). SUITE=gemm: the Hopper GEMM's (tests/engine/epilogue_gemm_test in
 # bfloat16, default filter SwiGluGemm.* and RopeGemm.* less the whole models'
 # tests, whose cuDNN and cuBLAS kernels are not ours; its racecheck covers the
-# epilogue's hand-over buffers).
+# epilogue's hand-over buffers). SUITE=attention: the Hopper attention's
+# (tests/engine/hopper_attention_test in bfloat16, default filter
+# HopperAttention.* less the model's test).
 # Logs go to $OUT (or /tmp/gpu-sanitize); prints one summary line and exits
 # non-zero when a tool reported an error or the binary is missing.
 set -uo pipefail
@@ -30,6 +32,10 @@ if [ "${SUITE:-fused}" = dropout ]; then
   bin=$b/tests/engine/lora_dropout_test filter=${FILTER:-LoraDropout.*}
   export TRAINERD_TEST_DEVICE=cuda
   dtypes=${DTYPES:-bfloat16 float32}
+elif [ "${SUITE:-fused}" = attention ]; then
+  bin=$b/tests/engine/hopper_attention_test filter=${FILTER:-HopperAttention.*-*.ModelTrains*}
+  export TRAINERD_TEST_DEVICE=cuda
+  dtypes=${DTYPES:-bfloat16}
 elif [ "${SUITE:-fused}" = gemm ]; then
   bin=$b/tests/engine/epilogue_gemm_test filter=${FILTER:-SwiGluGemm.*:RopeGemm.*-*.ModelTrains*}
   export TRAINERD_TEST_DEVICE=cuda

@@ -28,6 +28,7 @@
 #   TRAINERD_EXTRA_YAML='key: value'     extra training: keys for trainerd on every row (one per line)
 #   TRAINERD_HOPPER_GEMM=1               trainerd's SwiGLU in the MLP's GEMMs (engine/epilogue_gemm.h; 2: backward too)
 #   TRAINERD_HOPPER_ROPE=1               trainerd's rotary embedding in q|k|v's GEMM (engine/epilogue_gemm.h)
+#   TRAINERD_HOPPER_ATTENTION=1          trainerd's attention on its Hopper kernels (engine/hopper_attention.h)
 #   TRAINERD_COMMIT=abc123               the commit to report (default: git's HEAD; give it for a tree copied without .git)
 #   PROFILE=1                            after each trainerd row, profile two more of its steps (trainerd-worker
 #                                        --profile) and summarise where they went: profile-ROW.txt in the results
@@ -367,6 +368,11 @@ for r in $rows; do
           taken=$(grep -o 'TRAINERD_HOPPER_[A-Z]*=[0-9]\(, TRAINERD_HOPPER_[A-Z]*=[0-9]\)*: the first step ran .* of the Hopper GEMM' "$base.log" |
                   head -1 | sed 's/: the first step ran \(.*\) of the Hopper GEMM/ (first step: \1 on it)/')
           settings="$settings; ${taken:-TRAINERD_HOPPER_GEMM=${TRAINERD_HOPPER_GEMM:-0}, TRAINERD_HOPPER_ROPE=${TRAINERD_HOPPER_ROPE:-0} (no note of the products taken)}"
+        fi
+        if [ "${TRAINERD_HOPPER_ATTENTION:-0}" = 1 ]; then
+          taken=$(grep -o 'TRAINERD_HOPPER_ATTENTION=1: the first step ran attention in [0-9]* forwards' "$base.log" |
+                  head -1 | sed 's/: the first step ran attention in \([0-9]*\) forwards/ (first step: \1 attention forwards on it)/')
+          settings="$settings; ${taken:-TRAINERD_HOPPER_ATTENTION=1 (no note of the forwards taken)}"
         fi
         [ "$profile" = 1 ] && [ "$rc" = 0 ] && profile_row "$r" "$base"
       fi

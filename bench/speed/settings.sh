@@ -8,8 +8,9 @@
 #   SETTINGS="0,0 1,0 0,0 1,0" ROW=8b bash bench/speed/settings.sh
 #
 # Environment (all optional):
-#   SETTINGS   space-separated G,R pairs: TRAINERD_HOPPER_GEMM=G (0, 1 or 2) and TRAINERD_HOPPER_ROPE=R
-#              (0 or 1), run in this order; default "0,0 1,0 2,0 0,1 2,1 0,0 1,0 2,0 0,1 2,1"
+#   SETTINGS   space-separated G,R or G,R,A: TRAINERD_HOPPER_GEMM=G (0, 1 or 2), TRAINERD_HOPPER_ROPE=R
+#              (0 or 1) and TRAINERD_HOPPER_ATTENTION=A (0 or 1, default 0; engine/hopper_attention.h), run in
+#              this order; default "0,0 1,0 2,0 0,1 2,1 0,0 1,0 2,0 0,1 2,1"
 #   ROW        the row of run.sh (default 8b)
 #   BUDGET_S   start no further setting after this many seconds (default 0: run them all)
 #   and run.sh's own (BUILD_DIR, NO_BUILD, WORK_DIR, RUN_TIMEOUT_S, ...): the first setting builds the
@@ -26,16 +27,20 @@ logs=${WORK_DIR:-/tmp/trainerd-speed}/settings
 mkdir -p "$logs"
 no_build=${NO_BUILD:-0}
 for s in $settings; do
-  case "$s" in [012],[01]) ;; *) echo "error: setting '$s' is not G,R with G in 0-2, R in 0-1"; exit 2 ;; esac
+  case "$s" in [012],[01] | [012],[01],[01]) ;;
+    *) echo "error: setting '$s' is not G,R or G,R,A with G in 0-2, R and A in 0-1"; exit 2 ;;
+  esac
 done
 failed=0
 for s in $settings; do
-  gemm=${s%,*} rope=${s#*,}
+  IFS=, read -r gemm rope attention <<< "$s"
+  attention=${attention:-0}
   if [ "$budget" -gt 0 ] && [ "$SECONDS" -ge "$budget" ]; then echo "BUDGET_S reached: not run: $s and after"; break; fi
-  log=$logs/$row-gemm$gemm-rope$rope-$SECONDS.txt
-  TRAINERD_HOPPER_GEMM=$gemm TRAINERD_HOPPER_ROPE=$rope ROWS=$row SYSTEMS=trainerd NO_BUILD=$no_build \
+  log=$logs/$row-gemm$gemm-rope$rope-attention$attention-$SECONDS.txt
+  TRAINERD_HOPPER_GEMM=$gemm TRAINERD_HOPPER_ROPE=$rope TRAINERD_HOPPER_ATTENTION=$attention ROWS=$row \
+    SYSTEMS=trainerd NO_BUILD=$no_build \
     bash bench/speed/run.sh > "$log" 2>&1 || failed=1
-  echo "== TRAINERD_HOPPER_GEMM=$gemm TRAINERD_HOPPER_ROPE=$rope (at $SECONDS s; $log)"
+  echo "== TRAINERD_HOPPER_GEMM=$gemm TRAINERD_HOPPER_ROPE=$rope TRAINERD_HOPPER_ATTENTION=$attention (at $SECONDS s; $log)"
   grep -E '^\|.*trainerd|ERROR' "$log" | head -3
   no_build=1  # built (or not buildable) by the first setting
 done

@@ -1,0 +1,39 @@
+// Causal attention on the kernels of our own for Hopper GPUs
+// (engine/kernels/hopper_attention.h: forward and backward, the grouped kv
+// heads' dK and dV summed inside the backward), for unpacked rows where the
+// engine otherwise runs cuDNN's (engine/cudnn_attention.h). Behind
+// TRAINERD_HOPPER_ATTENTION=1 (or SetHopperAttention), off by default until
+// the training step is measured faster with it (bench/speed/settings.sh).
+#pragma once
+
+#include <cstdint>
+
+#include <torch/torch.h>
+
+namespace trainerd::engine {
+
+// The setting: TRAINERD_HOPPER_ATTENTION=1 in the environment at first use,
+// or SetHopperAttention.
+void SetHopperAttention(bool on);
+bool HopperAttentionEnabled();
+
+// Whether the kernels take these operands: the setting on, a build with the
+// Hopper kernels, a Hopper GPU, bf16, heads of 128; q, k and v as below.
+bool HopperAttentionTakes(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                          int64_t head_dim);
+
+// Causal attention of `batch` rows of `seq` tokens. q (batch * seq, heads *
+// 128), k and v (batch * seq, kv_heads * 128): bf16 matrices with unit column
+// stride and row strides multiples of 8 (column views of the q|k|v group's
+// product are what the engine passes). Returns O (batch * seq, heads * 128),
+// contiguous. Differentiable: the backward writes dq, dk and dv into one
+// (batch * seq, (heads + 2 kv_heads) * 128) buffer and returns column views of
+// it. Only where HopperAttentionTakes.
+torch::Tensor HopperCausalAttention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                    int64_t batch, int64_t seq, int64_t heads, int64_t kv_heads);
+
+// How many forwards ran on the kernel since the process started (what a
+// test or the worker's note can read).
+int64_t HopperAttentionRuns();
+
+}  // namespace trainerd::engine
