@@ -1,11 +1,11 @@
 // Causal attention of our own for Hopper GPUs (sm_90a: TMA and wgmma), for
 // the 8b decoder's heads of 128 with grouped kv heads: the forward, O =
-// softmax(scale Q K^T + causal mask) V, and the log-sum-exp of each row's
-// scaled scores that a backward needs. The measure it has to beat is cuDNN's
-// (engine/cudnn_attention.h), which the engine runs today; the engine does
-// not call this kernel yet (a backward of our own comes first). bench/
-// attention/hopper_attention.cu checks it against a float32 reference and
-// times it.
+// softmax(scale Q K^T + causal mask) V with the log-sum-exp of each row's
+// scaled scores, and the backward, dQ, dK and dV. The measure it has to beat
+// is cuDNN's (engine/cudnn_attention.h), which the engine runs by default;
+// engine/hopper_attention.h runs these instead behind TRAINERD_HOPPER_ATTENTION=1.
+// bench/attention/hopper_attention.cu checks them against float32 reference
+// kernels and times them.
 //
 // Torch-free: raw device pointers, element strides, a cudaStream_t passed as
 // `void*`. Built for sm_90a only (the library of hopper_gemm.cu).
