@@ -283,20 +283,31 @@ float* DeviceFloats(int64_t count) {
 bool CompareGradient(const char* what, const std::vector<__nv_bfloat16>& ours, int64_t col0, int64_t stride,
                      const std::vector<float>& ref, int64_t rows, int64_t cols) {
   double err2 = 0, ref2 = 0, max_err = 0, max_ref = 0;
+  int64_t worst = 0;
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t c = 0; c < cols; ++c) {
       const double x = __bfloat162float(ours[r * stride + col0 + c]), y = ref[r * cols + c];
       const double e = std::isnan(x) ? INFINITY : std::fabs(x - y);
       err2 += e * e;
       ref2 += y * y;
-      max_err = std::max(max_err, e);
+      if (e > max_err) {
+        max_err = e;
+        worst = r * cols + c;
+      }
       max_ref = std::max(max_ref, std::fabs(y));
     }
   }
   const double relative = std::sqrt(err2 / std::max(ref2, 1e-30));
   const bool ok = relative <= 1e-2 && max_err <= 5e-2 * max_ref;
-  std::printf(" %s %s (relative %.2g, max |err| %.2g of %.2g)", what, ok ? "ok" : "FAILED", relative, max_err,
+  std::printf(" %s %s (relative %.2g, max |err| %.2g of %.2g", what, ok ? "ok" : "FAILED", relative, max_err,
               max_ref);
+  if (!ok) {
+    // Where: token (row), column; the head is column / 128.
+    std::printf(", worst at token %lld column %lld: %g against %g", static_cast<long long>(worst / cols),
+                static_cast<long long>(worst % cols),
+                __bfloat162float(ours[(worst / cols) * stride + col0 + worst % cols]), ref[worst]);
+  }
+  std::printf(")");
   return ok;
 }
 
