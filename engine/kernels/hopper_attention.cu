@@ -12,6 +12,15 @@
 #include <cmath>
 #include <mutex>
 
+#ifndef HA_OVERLAP
+// The forward: 1 a tile's scores and softmax run while the previous tile's
+// P V runs (FlashAttention-3's overlap within a warpgroup); 0 one after the other.
+#define HA_OVERLAP 0
+#endif
+#ifndef HA_STAGES
+#define HA_STAGES 2  // the forward's ring of K and V tiles (3 fits: 225 KB of shared memory)
+#endif
+
 namespace trainerd::kernels {
 namespace {
 
@@ -20,7 +29,7 @@ using namespace hopper;  // NOLINT(build/namespaces): the shared primitives
 constexpr int kHeadDim = 128;
 constexpr int kBlockQ = 128;   // query rows a block: 64 a consumer warpgroup
 constexpr int kBlockKv = 128;  // keys a tile
-constexpr int kStages = 2;     // K and V tiles in flight
+constexpr int kStages = HA_STAGES;  // K and V tiles in flight
 constexpr int kThreads = 384;  // producer warpgroup + two consumer warpgroups
 // Shared memory: Q (two 64-column boxes of 128 rows, 16 KB each), then each
 // stage's K (likewise) and V (four 64 x 64 boxes: key block kb, column block
@@ -199,12 +208,9 @@ __global__ void __launch_bounds__(kThreads, 1) ForwardKernel(const __grid_consta
 
   BarrierWait(q_full, 0);
   const uint32_t q_address = SmemAddress(q_smem + consumer * (kBoxBytes / 2));
-  for (int j = 0; j < kv_tiles; ++j) {
-    const int s = j % kStages;
-    BarrierWait(&full[s], (j / kStages) & 1);
-    const uint32_t k_address = SmemAddress(k_smem + s * kKBytes);
-    const uint32_t v_address = SmemAddress(v_smem + s * kVBytes);
-    float sc[64];
+  // S = Q K_j^T into sc (issued and committed, not waited for).
+  auto issue_scores = [&](float (&sc)[64], int j) {
+    const uint32_t k_address = SmemAddress(k_smem + (j % kStages) * kKBytes);
     WgmmaFence();
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
@@ -212,11 +218,13 @@ __global__ void __launch_bounds__(kThreads, 1) ForwardKernel(const __grid_consta
       WgmmaSS(sc, DescriptorK(q_address + step), DescriptorK(k_address + step), kk > 0);
     }
     WgmmaCommit();
-    WgmmaWait<0>();
-
-    // Scale (log2 units); on the diagonal tile mask the keys past each row
-    // (which covers a last tile's keys past the sequence, TMA's zeros, for
-    // every row that is stored; the rows past the sequence are not).
+  };
+  // The online softmax of tile j's scores: scaled (log2 units), the keys
+  // past each row masked on the diagonal tile (which covers a last tile's
+  // keys past the sequence, TMA's zeros, for every row that is stored; the
+  // rows past the sequence are not); the rows' new maxima and sums, P in bf16
+  // pairs (p[2 i + r]: group i, row half r) and the factor O must be scaled by.
+  auto softmax = [&](float (&sc)[64], int j, uint32_t (&p)[32], float (&correction)[2]) {
 #pragma unroll
     for (int i = 0; i < 64; ++i) sc[i] *= maps.scale_log2;
     if (j == q_tile) {
@@ -229,7 +237,6 @@ __global__ void __launch_bounds__(kThreads, 1) ForwardKernel(const __grid_consta
         }
       }
     }
-    float correction[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       float m = row_max[r];
@@ -242,7 +249,6 @@ __global__ void __launch_bounds__(kThreads, 1) ForwardKernel(const __grid_consta
       row_max[r] = m;
       row_sum[r] *= correction[r];
     }
-    uint32_t p[32];
 #pragma unroll
     for (int i = 0; i < 16; ++i) {
 #pragma unroll
@@ -251,22 +257,69 @@ __global__ void __launch_bounds__(kThreads, 1) ForwardKernel(const __grid_consta
         const float b = Exp2(sc[4 * i + 2 * r + 1] - row_max[r]);
         row_sum[r] += a + b;
         p[2 * i + r] = PackBf16(a, b);
-        o[4 * i + 2 * r] *= correction[r];
-        o[4 * i + 2 * r + 1] *= correction[r];
       }
     }
+  };
+  auto rescale = [&](const float (&correction)[2]) {
+#pragma unroll
+    for (int i = 0; i < 64; ++i) o[i] *= correction[(i >> 1) & 1];
+  };
+  // O += P V_j (issued and committed, not waited for). Keys 16 kk .. + 15
+  // are groups 2 kk (pairs p[4 kk], p[4 kk + 1]) and 2 kk + 1 (p[4 kk + 2],
+  // p[4 kk + 3]), rows r and r + 8 each: wgmma's A fragment.
+  auto issue_values = [&](const uint32_t (&p)[32], int j) {
+    const uint32_t v_address = SmemAddress(v_smem + (j % kStages) * kVBytes);
     WgmmaFence();
 #pragma unroll
     for (int kk = 0; kk < kBlockKv / 16; ++kk) {
-      // Keys 16 kk .. + 15: groups 2 kk (pairs p[4 kk], p[4 kk + 1]) and
-      // 2 kk + 1 (p[4 kk + 2], p[4 kk + 3]), rows r and r + 8 each.
       const uint32_t a[4] = {p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]};
       WgmmaRS(o, a, DescriptorMN(v_address + (kk / 4) * kBoxBytes + (kk % 4) * 2048));
     }
     WgmmaCommit();
-    WgmmaWait<0>();
-    if (lane == 0) BarrierArrive(&empty[s]);
+  };
+  auto release = [&](int j) {
+    if (lane == 0) BarrierArrive(&empty[j % kStages]);
+  };
+  auto wait_tile = [&](int j) { BarrierWait(&full[j % kStages], (j / kStages) & 1); };
+
+  float sc[64], correction[2];
+  uint32_t p[32];
+#if HA_OVERLAP
+  // FlashAttention-3's overlap within a warpgroup: tile j's scores are
+  // computed while tile j - 1's P V runs, and its softmax before that
+  // product is waited for; O is rescaled after.
+  wait_tile(0);
+  issue_scores(sc, 0);
+  WgmmaWait<0>();
+  softmax(sc, 0, p, correction);
+  for (int j = 1; j < kv_tiles; ++j) {
+    wait_tile(j);
+    issue_scores(sc, j);
+    issue_values(p, j - 1);
+    WgmmaWait<1>();  // tile j's scores (committed first)
+    uint32_t next[32];
+    softmax(sc, j, next, correction);
+    WgmmaWait<0>();  // tile j - 1's P V
+    release(j - 1);
+    rescale(correction);
+#pragma unroll
+    for (int i = 0; i < 32; ++i) p[i] = next[i];
   }
+  issue_values(p, kv_tiles - 1);
+  WgmmaWait<0>();
+  release(kv_tiles - 1);
+#else
+  for (int j = 0; j < kv_tiles; ++j) {
+    wait_tile(j);
+    issue_scores(sc, j);
+    WgmmaWait<0>();
+    softmax(sc, j, p, correction);
+    rescale(correction);
+    issue_values(p, j);
+    WgmmaWait<0>();
+    release(j);
+  }
+#endif
 
   // O / l, rounded to bf16 over this warpgroup's own rows of Q (its reads of
   // Q are done), then stored by TMA; the log-sum-exp beside it.
@@ -302,16 +355,17 @@ __global__ void __launch_bounds__(kThreads, 1) ForwardKernel(const __grid_consta
 // ---- the backward ----
 
 constexpr int kBackwardQ = 64;  // query rows a step
+constexpr int kBackwardStages = 2;  // Q and dO tiles in flight
 constexpr int kQ64Bytes = kBackwardQ * kHeadDim * 2;  // 16 KB: a 64-row tile of Q or dO (two 8 KB boxes)
 constexpr int kChunk = 64 * 64 * 2;                  // 8 KB: 64 rows x 64 columns, bf16
 constexpr int kDsBytes = kBlockKv * kBackwardQ * 2;  // 16 KB: dS^T of a step, keys x queries
 constexpr int kDqTileFloats = kBackwardQ * kHeadDim;  // a step's dQ sums: 8,192 floats
 constexpr int kStagingBytes = kBackwardQ * 64 * 4;   // 16 KB: a consumer's dQ half, float32
-constexpr int kRowBytes = kStages * 2 * kBackwardQ * 4;  // each stage's 64 log-sum-exps and D values: 1 KB
+constexpr int kRowBytes = kBackwardStages * 2 * kBackwardQ * 4;  // each stage's 64 log-sum-exps and D values: 1 KB
 // K and V (32 KB each), two stages of Q and dO, dS^T twice, each consumer's
 // dQ staging, the stages' log-sum-exps and D values, barriers.
-constexpr int kBackwardSmemBytes = 2 * kKBytes + kStages * 2 * kQ64Bytes + 2 * kDsBytes + 2 * kStagingBytes +
-                                   kRowBytes + (2 * kStages + 1) * 8 + 1024;
+constexpr int kBackwardSmemBytes = 2 * kKBytes + kBackwardStages * 2 * kQ64Bytes + 2 * kDsBytes + 2 * kStagingBytes +
+                                   kRowBytes + (2 * kBackwardStages + 1) * 8 + 1024;
 static_assert(kBackwardSmemBytes <= 227 * 1024, "shared memory over the 227 KB a block may have");
 
 struct BackwardMaps {
@@ -405,13 +459,13 @@ __global__ void __launch_bounds__(kThreads, 1) BackwardKernel(const __grid_const
   uint8_t* k_smem = smem;                     // box db (64 columns, 128 rows) at db * 16 KB
   uint8_t* v_smem = k_smem + kKBytes;         // likewise
   uint8_t* stages = v_smem + kVBytes;         // stage s: Q at s * 32 KB, dO at + 16 KB (boxes 8 KB apart)
-  uint8_t* ds_smem = stages + kStages * 2 * kQ64Bytes;  // buffer n % 2 of step n: consumer c's keys at c * 8 KB
+  uint8_t* ds_smem = stages + kBackwardStages * 2 * kQ64Bytes;  // buffer n % 2 of step n: consumer c's keys at c * 8 KB
   uint8_t* staging = ds_smem + 2 * kDsBytes;            // consumer c's at c * 16 KB
   // Stage s's log-sum-exps (log2 units) at rows[s][0][..], D at rows[s][1][..].
   auto* rows = reinterpret_cast<float(*)[2][kBackwardQ]>(staging + 2 * kStagingBytes);
   uint64_t* full = reinterpret_cast<uint64_t*>(staging + 2 * kStagingBytes + kRowBytes);
-  uint64_t* empty = full + kStages;
-  uint64_t* kv_full = empty + kStages;
+  uint64_t* empty = full + kBackwardStages;
+  uint64_t* kv_full = empty + kBackwardStages;
 
   const int per_tile = maps.batch * maps.kv_heads;
   const int j = static_cast<int>(blockIdx.x) / per_tile;  // the heaviest (most queries) first
@@ -424,7 +478,7 @@ __global__ void __launch_bounds__(kThreads, 1) BackwardKernel(const __grid_const
   const int warpgroup = threadIdx.x / 128;
   const int tid = threadIdx.x % 128;
   if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
+    for (int s = 0; s < kBackwardStages; ++s) {
       BarrierInit(&full[s], 2);  // the loads' thread (and their bytes), the rows' warp
       BarrierInit(&empty[s], 2 * 4);
     }
@@ -440,7 +494,7 @@ __global__ void __launch_bounds__(kThreads, 1) BackwardKernel(const __grid_const
       // (0 past the sequence), two of each a lane.
       const int lane = tid - 32;
       for (int n = 0; n < steps; ++n) {
-        const int s = n % kStages;
+        const int s = n % kBackwardStages;
         const int head = kv_head * maps.group + n / per_head, i = first_i + n % per_head;
         const int64_t base = (static_cast<int64_t>(batch) * maps.heads + head) * maps.seq;
         float lse[2], dot[2];
@@ -449,7 +503,7 @@ __global__ void __launch_bounds__(kThreads, 1) BackwardKernel(const __grid_const
           lse[e] = query < maps.seq ? __ldg(maps.lse + base + query) * 1.4426950408889634f : 0.f;
           dot[e] = query < maps.seq ? __ldg(maps.dot + base + query) : 0.f;
         }
-        BarrierWait(&empty[s], ((n / kStages) & 1) ^ 1);
+        BarrierWait(&empty[s], ((n / kBackwardStages) & 1) ^ 1);
         *reinterpret_cast<float2*>(&rows[s][0][2 * lane]) = make_float2(lse[0], lse[1]);
         *reinterpret_cast<float2*>(&rows[s][1][2 * lane]) = make_float2(dot[0], dot[1]);
         __syncwarp();
@@ -465,9 +519,9 @@ __global__ void __launch_bounds__(kThreads, 1) BackwardKernel(const __grid_const
       TmaLoad3(v_smem + db * kBoxBytes, &maps.v, col, j * kBlockKv, batch, kv_full);
     }
     for (int n = 0; n < steps; ++n) {
-      const int s = n % kStages;
+      const int s = n % kBackwardStages;
       const int head = kv_head * maps.group + n / per_head, i = first_i + n % per_head;
-      BarrierWait(&empty[s], ((n / kStages) & 1) ^ 1);
+      BarrierWait(&empty[s], ((n / kBackwardStages) & 1) ^ 1);
       BarrierExpectBytes(&full[s], 2 * kQ64Bytes);
       uint8_t* q = stages + s * 2 * kQ64Bytes;
       for (int db = 0; db < 2; ++db) {
@@ -493,10 +547,10 @@ __global__ void __launch_bounds__(kThreads, 1) BackwardKernel(const __grid_const
   const uint32_t v_address = SmemAddress(v_smem + consumer * (kBoxBytes / 2));
   BarrierWait(kv_full, 0);
   for (int n = 0; n < steps; ++n) {
-    const int s = n % kStages;
+    const int s = n % kBackwardStages;
     const int head = kv_head * maps.group + n / per_head, i = first_i + n % per_head;
     const int query0 = i * kBackwardQ + 2 * (lane % 4);
-    BarrierWait(&full[s], (n / kStages) & 1);
+    BarrierWait(&full[s], (n / kBackwardStages) & 1);
     uint8_t* q_stage = stages + s * 2 * kQ64Bytes;
     uint8_t* do_stage = q_stage + kQ64Bytes;
     const uint32_t q_address = SmemAddress(q_stage), do_address = SmemAddress(do_stage);
@@ -576,7 +630,8 @@ __global__ void __launch_bounds__(kThreads, 1) BackwardKernel(const __grid_const
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int row = 16 * warp + lane / 4 + 8 * r, col = 8 * g + 2 * (lane % 4);
-        *reinterpret_cast<float2*>(my_staging + (row * 64 + col) * 4) = make_float2(dq[4 * g + 2 * r], dq[4 * g + 2 * r + 1]);
+        *reinterpret_cast<float2*>(my_staging + (row * 64 + col) * 4) =
+            make_float2(dq[4 * g + 2 * r], dq[4 * g + 2 * r + 1]);
       }
     }
     FenceAsyncShared();
