@@ -5,6 +5,9 @@
 // (or the CMake build's hopper_attention_bench, built wherever nvcc is)
 //   /tmp/hopper_attention            # every check, then every timing
 //   /tmp/hopper_attention check | time [NAME PART]
+// The kernel's compile-time knobs (-D; engine/kernels/hopper_attention.cu)
+// build variants: HA_OVERLAP=1 (the forward's softmax under the previous
+// tile's P V), HA_STAGES (the forward's ring of K and V tiles, 2 or 3).
 //
 // check: the forward's O and log-sum-exp against a float32 reference computed
 // from the same bf16 inputs (plain kernels: one block a query row, the
