@@ -17,22 +17,31 @@ namespace {
 
 std::atomic<int64_t> forward_runs{0}, backward_runs{0}, rope_runs{0};
 
+constexpr int kAuto = -1;  // unset: on (level 2, the rotary on) for bf16 on CUDA, off elsewhere
+
 std::atomic<int>& Setting() {
   static std::atomic<int> level{[] {
     const char* v = std::getenv("TRAINERD_HOPPER_GEMM");
-    if (v == nullptr) return 0;
+    if (v == nullptr) return kAuto;
     if (std::strcmp(v, "2") == 0) return 2;
     return std::strcmp(v, "1") == 0 ? 1 : 0;
   }()};
   return level;
 }
 
-std::atomic<bool>& RopeSetting() {
-  static std::atomic<bool> on{[] {
+std::atomic<int>& RopeSetting() {
+  static std::atomic<int> on{[] {
     const char* v = std::getenv("TRAINERD_HOPPER_ROPE");
-    return v != nullptr && std::strcmp(v, "1") == 0;
+    if (v == nullptr) return kAuto;
+    return std::strcmp(v, "1") == 0 ? 1 : 0;
   }()};
   return on;
+}
+
+// The automatic settings' rule: bf16 on CUDA, where the GEMM of our own may
+// take products (it declines the others itself).
+bool AutoOn(const torch::Device& device, torch::ScalarType dtype) {
+  return device.is_cuda() && dtype == torch::kBFloat16;
 }
 
 #ifdef TRAINERD_WITH_HOPPER_KERNELS
@@ -109,7 +118,7 @@ void Launch(kernels::HopperGemmOperands o, kernels::HopperEpilogue epilogue, con
 torch::Tensor GateUpWithSwiGlu(const torch::Tensor& x, const torch::Tensor& w, int64_t h_spare_columns,
                                torch::Tensor* h) {
 #ifdef TRAINERD_WITH_HOPPER_KERNELS
-  if (Setting().load(std::memory_order_relaxed) < 1 || !Takes(x, w, h_spare_columns)) return {};
+  if (SwiGluGemmLevel(x.device(), x.scalar_type()) < 1 || !Takes(x, w, h_spare_columns)) return {};
   const c10::cuda::CUDAGuard guard(x.device());
   const int64_t m = x.size(0), f = w.size(0) / 2;
   torch::Tensor rows = torch::empty({m, f + h_spare_columns}, x.options());
@@ -134,7 +143,7 @@ torch::Tensor GateUpWithSwiGlu(const torch::Tensor& x, const torch::Tensor& w, i
 torch::Tensor DownInputGradientWithSwiGlu(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& gate,
                                           const torch::Tensor& up) {
 #ifdef TRAINERD_WITH_HOPPER_KERNELS
-  if (Setting().load(std::memory_order_relaxed) < 2 || !TakesBackward(x, w, gate, up)) return {};
+  if (SwiGluGemmLevel(x.device(), x.scalar_type()) < 2 || !TakesBackward(x, w, gate, up)) return {};
   const c10::cuda::CUDAGuard guard(x.device());
   const int64_t n = x.size(0), f = w.size(1);
   torch::Tensor out = torch::empty({n, 2 * f}, x.options());
@@ -156,7 +165,7 @@ torch::Tensor DownInputGradientWithSwiGlu(const torch::Tensor& x, const torch::T
 torch::Tensor ProductWithRope(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& positions,
                               const torch::Tensor& inv_freq, int64_t head_dim, int64_t rotate_columns) {
 #ifdef TRAINERD_WITH_HOPPER_KERNELS
-  if (!RopeSetting().load(std::memory_order_relaxed) || head_dim != 128 || rotate_columns <= 0 ||
+  if (!RopeGemmEnabled(x.device(), x.scalar_type()) || head_dim != 128 || rotate_columns <= 0 ||
       rotate_columns % 128 != 0 || rotate_columns > w.size(0) ||
       !RopeTables(positions, inv_freq, x.size(0), x.device()) || !TakesProduct(x, w)) {
     return {};
@@ -178,12 +187,22 @@ torch::Tensor ProductWithRope(const torch::Tensor& x, const torch::Tensor& w, co
 
 void SetSwiGluGemm(int level) { Setting().store(level); }
 
-int SwiGluGemmLevel() { return Setting().load(std::memory_order_relaxed); }
+int SwiGluGemmLevel(const torch::Device& device, torch::ScalarType dtype) {
+  const int level = Setting().load(std::memory_order_relaxed);
+  return level != kAuto ? level : AutoOn(device, dtype) ? 2 : 0;
+}
 
 EpilogueGemmCounts EpilogueGemmRuns() { return {forward_runs.load(), backward_runs.load(), rope_runs.load()}; }
 
-void SetRopeGemm(bool on) { RopeSetting().store(on); }
+void SetRopeGemm(bool on) { RopeSetting().store(on ? 1 : 0); }
 
-bool RopeGemmEnabled() { return RopeSetting().load(std::memory_order_relaxed); }
+bool RopeGemmEnabled(const torch::Device& device, torch::ScalarType dtype) {
+  const int on = RopeSetting().load(std::memory_order_relaxed);
+  return on != kAuto ? on == 1 : AutoOn(device, dtype);
+}
+
+bool EpilogueGemmSettingsGiven() {
+  return std::getenv("TRAINERD_HOPPER_GEMM") != nullptr || std::getenv("TRAINERD_HOPPER_ROPE") != nullptr;
+}
 
 }  // namespace trainerd::engine

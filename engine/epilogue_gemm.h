@@ -49,15 +49,17 @@ torch::Tensor GateUpWithSwiGlu(const torch::Tensor& x, const torch::Tensor& w, i
 torch::Tensor DownInputGradientWithSwiGlu(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& gate,
                                           const torch::Tensor& up);
 
-// How far SwiGLU goes into the MLP's GEMMs: 0 not at all; 1 its forward
-// (GateUpWithSwiGlu); 2 its backward too: the model makes h outside autograd
-// and hands SwiGLU's backward to down's node on every device, and
-// DownInputGradientWithSwiGlu takes products. Each GEMM takes its products
-// only where it can (above). From the environment's TRAINERD_HOPPER_GEMM
-// ("1" or "2"; read once, 0 when unset or other) or SetSwiGluGemm. 0 by
-// default until the training step is measured faster.
+// How far SwiGLU goes into the MLP's GEMMs for a model of this device and
+// dtype: 0 not at all; 1 its forward (GateUpWithSwiGlu); 2 its backward too:
+// the model makes h outside autograd and hands SwiGLU's backward to down's
+// node, and DownInputGradientWithSwiGlu takes products. Each GEMM takes its
+// products only where it can (above). From the environment's
+// TRAINERD_HOPPER_GEMM ("0", "1" or "2"; read once; other values 0) or
+// SetSwiGluGemm, on every device; unset, 2 for bf16 on CUDA and 0 elsewhere
+// (measured faster on the 8b row: bench/speed/NOTES.md, "The epilogues in
+// the step").
 void SetSwiGluGemm(int level);
-int SwiGluGemmLevel();
+int SwiGluGemmLevel(const torch::Device& device, torch::ScalarType dtype);
 
 // Products the GEMM of our own has run in this process, by kind: launches
 // from the host (a CUDA graph's capture counts, its replays do not).
@@ -83,10 +85,15 @@ torch::Tensor ProductWithRope(const torch::Tensor& x, const torch::Tensor& w, co
 // Whether q|k|v's node applies the rotary embedding itself (engine/
 // linear_group.h, QkvRope): in its GEMM's epilogue where ProductWithRope
 // takes it, else in place over its product, and attention reads q, k and v
-// as views of that product (no rotated copies, no copy of v). From the
-// environment's TRAINERD_HOPPER_ROPE ("1"; read once, off otherwise) or
-// SetRopeGemm. Off by default until the training step is measured faster.
+// as views of that product (no rotated copies, no copy of v), for a model of
+// this device and dtype. From the environment's TRAINERD_HOPPER_ROPE ("1" on,
+// other values off; read once) or SetRopeGemm, on every device; unset, on for
+// bf16 on CUDA and off elsewhere (as SwiGluGemmLevel).
 void SetRopeGemm(bool on);
-bool RopeGemmEnabled();
+bool RopeGemmEnabled(const torch::Device& device, torch::ScalarType dtype);
+
+// Whether TRAINERD_HOPPER_GEMM or TRAINERD_HOPPER_ROPE is in the environment
+// (the worker then says where the epilogues ran, whatever the device).
+bool EpilogueGemmSettingsGiven();
 
 }  // namespace trainerd::engine

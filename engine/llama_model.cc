@@ -271,8 +271,8 @@ torch::Tensor LlamaModel::Attention(const DecoderLayer& layer, const torch::Tens
   // copies and v's copy below keep otherwise). Not for flash attention's
   // packed rows: it takes q, k and v contiguous, so the copies would come back.
   QkvRope rope;
-  const bool rope_in_group = RopeGemmEnabled() && in.segments.defined() && !in.cos.defined() &&
-                             in.cudnn != CudnnAttentionMode::kUnavailable;
+  const bool rope_in_group = RopeGemmEnabled(x.device(), x.scalar_type()) && in.segments.defined() &&
+                             !in.cos.defined() && in.cudnn != CudnnAttentionMode::kUnavailable;
   if (rope_in_group) rope = {in.positions, inv_freq_, d, nh + nkv};
   std::vector<torch::Tensor> qkv =
       ForwardGroup(layer.QkvGroup(), x, x_recipe, {layer_masks.draw, layer_masks.first + DecoderLayer::kQkvFirst},
@@ -366,7 +366,7 @@ LlamaModel::Residual LlamaModel::LayerForward(size_t index, const Residual& h, c
     activated.up = gate_up[1];
   }
   const DropoutMasks down_masks{masks.draw, masks.first + DecoderLayer::kDownFirst};
-  if (SwiGluGemmLevel() >= 2) {
+  if (SwiGluGemmLevel(gate_up[0].device(), gate_up[0].scalar_type()) >= 2) {
     // SwiGLU's backward in down's node (its input gradient's GEMM, where the
     // GEMM of our own takes it): h made outside autograd.
     torch::Tensor act;

@@ -30,10 +30,8 @@ double Seconds(Clock::time_point since) {
 // products counted before it: a measurement at TRAINERD_HOPPER_GEMM 1 or 2,
 // or with TRAINERD_HOPPER_ROPE=1, must say whether the GEMM took them (it
 // declines products it does not suit).
-std::string EpilogueGemmNote(const EpilogueGemmCounts& before) {
+std::string EpilogueGemmNote(const EpilogueGemmCounts& before, int level, bool rope) {
   const EpilogueGemmCounts now = EpilogueGemmRuns();
-  const int level = SwiGluGemmLevel();
-  const bool rope = RopeGemmEnabled();
   std::string settings, ran;
   if (level >= 1) {
     settings = "TRAINERD_HOPPER_GEMM=" + std::to_string(level);
@@ -322,6 +320,8 @@ StatusOr<RunResult> Trainer::Run(const RunOptions& options) {
   PendingStep pending;
   StepProfiler profiler(options.profile);
   const EpilogueGemmCounts epilogue_gemm_before = EpilogueGemmRuns();
+  const int epilogue_level = SwiGluGemmLevel(model_.device(), model_.dtype());
+  const bool epilogue_rope = RopeGemmEnabled(model_.device(), model_.dtype());
   const int64_t attention_before = HopperAttentionRuns();
 
   for (int64_t step = first_step; step < total_steps_; ++step) {
@@ -377,8 +377,9 @@ StatusOr<RunResult> Trainer::Run(const RunOptions& options) {
     pending.tokens_seen = state.tokens_seen;
 
     TRAINERD_RETURN_IF_ERROR(profiler.AfterStep(step - first_step + 1));
-    if (step == first_step && (SwiGluGemmLevel() > 0 || RopeGemmEnabled())) {
-      reporter_.OnMessage(EpilogueGemmNote(epilogue_gemm_before));
+    if (step == first_step && (epilogue_level > 0 || epilogue_rope) &&
+        (model_.device().is_cuda() || EpilogueGemmSettingsGiven())) {
+      reporter_.OnMessage(EpilogueGemmNote(epilogue_gemm_before, epilogue_level, epilogue_rope));
     }
     if (step == first_step && HopperAttentionEnabled()) {
       reporter_.OnMessage("TRAINERD_HOPPER_ATTENTION=1: the first step ran attention in " +

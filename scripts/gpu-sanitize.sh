@@ -24,6 +24,7 @@
 # epilogue's hand-over buffers). SUITE=attention: the Hopper attention's
 # (tests/engine/hopper_attention_test in bfloat16, default filter
 # HopperAttention.* less the model's test).
+# TOOLS: the tools to run (default "memcheck racecheck synccheck").
 # Logs go to $OUT (or /tmp/gpu-sanitize); prints one summary line and exits
 # non-zero when a tool reported an error or the binary is missing.
 set -uo pipefail
@@ -55,7 +56,7 @@ summary="" failed=0
 for dtype in $dtypes; do
   tag=
   if [ "$dtype" != own ]; then export TRAINERD_TEST_DTYPE=$dtype; tag=" $dtype"; fi
-  for tool in memcheck racecheck synccheck; do
+  for tool in ${TOOLS:-memcheck racecheck synccheck}; do
     only=()
     [ "$tool" = racecheck ] && only=(--kernel-name kns=trainerd)
     log=$out/$tool${tag:+-$dtype}.log

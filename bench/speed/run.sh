@@ -26,8 +26,9 @@
 #   BUDGET_S=540                         start no measurement that would likely end after this many seconds
 #   RUN_TIMEOUT_S=0                      kill one measurement after this many seconds (0: never)
 #   TRAINERD_EXTRA_YAML='key: value'     extra training: keys for trainerd on every row (one per line)
-#   TRAINERD_HOPPER_GEMM=1               trainerd's SwiGLU in the MLP's GEMMs (engine/epilogue_gemm.h; 2: backward too)
-#   TRAINERD_HOPPER_ROPE=1               trainerd's rotary embedding in q|k|v's GEMM (engine/epilogue_gemm.h)
+#   TRAINERD_HOPPER_GEMM=0|1|2           trainerd's SwiGLU in the MLP's GEMMs (engine/epilogue_gemm.h; 1 forward, 2
+#                                        backward too; unset: 2 for bf16 on CUDA)
+#   TRAINERD_HOPPER_ROPE=0|1             trainerd's rotary embedding in q|k|v's GEMM (unset: on for bf16 on CUDA)
 #   TRAINERD_HOPPER_ATTENTION=1          trainerd's attention on its Hopper kernels (engine/hopper_attention.h)
 #   TRAINERD_COMMIT=abc123               the commit to report (default: git's HEAD; give it for a tree copied without .git)
 #   PROFILE=1                            after each trainerd row, profile two more of its steps (trainerd-worker
@@ -361,14 +362,12 @@ for r in $rows; do
         settings="micro-batch $t_mb"
         [ "$t_accum" -gt 1 ] && settings="$t_accum micro-batches of $t_mb"
         [ -n "$TRAINERD_EXTRA_YAML" ] && settings="$settings; $(printf '%s' "$TRAINERD_EXTRA_YAML" | sed ':a;N;$!ba;s/\n/, /g')"
-        # Passes in the Hopper GEMM's epilogues (engine/epilogue_gemm.h), when asked for: the table says so,
-        # and how many products the GEMM took in the first step (the worker's note; it declines shapes it
-        # does not suit).
-        if [ "${TRAINERD_HOPPER_GEMM:-0}" != 0 ] || [ "${TRAINERD_HOPPER_ROPE:-0}" = 1 ]; then
-          taken=$(grep -o 'TRAINERD_HOPPER_[A-Z]*=[0-9]\(, TRAINERD_HOPPER_[A-Z]*=[0-9]\)*: the first step ran .* of the Hopper GEMM' "$base.log" |
-                  head -1 | sed 's/: the first step ran \(.*\) of the Hopper GEMM/ (first step: \1 on it)/')
-          settings="$settings; ${taken:-TRAINERD_HOPPER_GEMM=${TRAINERD_HOPPER_GEMM:-0}, TRAINERD_HOPPER_ROPE=${TRAINERD_HOPPER_ROPE:-0} (no note of the products taken)}"
-        fi
+        # Passes in the Hopper GEMM's epilogues (engine/epilogue_gemm.h; on by default for bf16 on CUDA): the
+        # table says how many products the GEMM took in the first step (the worker's note; it declines shapes
+        # it does not suit).
+        taken=$(grep -o 'TRAINERD_HOPPER_[A-Z]*=[0-9]\(, TRAINERD_HOPPER_[A-Z]*=[0-9]\)*: the first step ran .* of the Hopper GEMM' "$base.log" |
+                head -1 | sed 's/: the first step ran \(.*\) of the Hopper GEMM/ (first step: \1 on it)/')
+        [ -n "$taken" ] && settings="$settings; $taken"
         if [ "${TRAINERD_HOPPER_ATTENTION:-0}" = 1 ]; then
           taken=$(grep -o 'TRAINERD_HOPPER_ATTENTION=1: the first step ran attention in [0-9]* forwards' "$base.log" |
                   head -1 | sed 's/: the first step ran attention in \([0-9]*\) forwards/ (first step: \1 attention forwards on it)/')

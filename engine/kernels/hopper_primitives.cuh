@@ -192,15 +192,23 @@ inline EncodeTiled Encoder() {
   return encode;
 }
 
-// A bf16 map over `batches` matrices of rows x cols (rows ld elements apart,
-// matrices batch_stride elements apart; batches 1: a 2-D map), box box_rows
-// x 64 columns (x 1 matrix), 128-byte swizzle. A box reaching past a
-// matrix's rows reads zeros there and stores nothing there. "" or why not.
+// A bf16 map over rows x cols (rows ld elements apart), box box_rows x 64
+// columns, 128-byte swizzle; with batches > 0 a 3-D map over `batches` such
+// matrices batch_stride elements apart (box: one matrix), for TMA's 3-D
+// loads and stores (a 2-D map there is an illegal instruction). A box
+// reaching past a matrix's rows reads zeros there and stores nothing there.
+// "" or why not. Makes the current device's context current first: the
+// encoder is the driver's, and a thread that has made no runtime call yet
+// (autograd's backward thread) has none.
 inline std::string Map(CUtensorMap* map, const void* base, int64_t rows, int64_t cols, int64_t ld, int box_rows,
-                       int64_t batches = 1, int64_t batch_stride = 0) {
+                       int64_t batches = 0, int64_t batch_stride = 0) {
   const EncodeTiled encode = Encoder();
   if (encode == nullptr) return "the driver has no cuTensorMapEncodeTiled";
-  const cuuint32_t rank = batches > 1 ? 3 : 2;
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || cudaSetDevice(device) != cudaSuccess) {
+    return "no current CUDA device";
+  }
+  const cuuint32_t rank = batches > 0 ? 3 : 2;
   const cuuint64_t dims[3] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows),
                               static_cast<cuuint64_t>(batches)};
   const cuuint64_t strides[2] = {static_cast<cuuint64_t>(ld * 2), static_cast<cuuint64_t>(batch_stride * 2)};
@@ -211,7 +219,7 @@ inline std::string Map(CUtensorMap* map, const void* base, int64_t rows, int64_t
                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) {
     return "cuTensorMapEncodeTiled failed (" + std::to_string(static_cast<int>(r)) + ") for " +
-           (batches > 1 ? std::to_string(batches) + " x " : std::string()) + std::to_string(rows) + " x " +
+           (batches > 0 ? std::to_string(batches) + " x " : std::string()) + std::to_string(rows) + " x " +
            std::to_string(cols) + ", row stride " + std::to_string(ld);
   }
   return "";
