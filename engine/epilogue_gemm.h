@@ -55,9 +55,9 @@ torch::Tensor DownInputGradientWithSwiGlu(const torch::Tensor& x, const torch::T
 // node, and DownInputGradientWithSwiGlu takes products. Each GEMM takes its
 // products only where it can (above). From the environment's
 // TRAINERD_HOPPER_GEMM ("0", "1" or "2"; read once; other values 0) or
-// SetSwiGluGemm, on every device; unset, 2 for bf16 on CUDA and 0 elsewhere
-// (measured faster on the 8b row: bench/speed/NOTES.md, "The epilogues in
-// the step").
+// SetSwiGluGemm, on every device; unset, 2 for bf16 on a Hopper GPU and 0
+// elsewhere (measured faster on the 8b row: bench/speed/NOTES.md, "The
+// epilogues in the step").
 void SetSwiGluGemm(int level);
 int SwiGluGemmLevel(const torch::Device& device, torch::ScalarType dtype);
 
@@ -88,7 +88,7 @@ torch::Tensor ProductWithRope(const torch::Tensor& x, const torch::Tensor& w, co
 // as views of that product (no rotated copies, no copy of v), for a model of
 // this device and dtype. From the environment's TRAINERD_HOPPER_ROPE ("1" on,
 // other values off; read once) or SetRopeGemm, on every device; unset, on for
-// bf16 on CUDA and off elsewhere (as SwiGluGemmLevel).
+// bf16 on a Hopper GPU and off elsewhere (as SwiGluGemmLevel).
 void SetRopeGemm(bool on);
 bool RopeGemmEnabled(const torch::Device& device, torch::ScalarType dtype);
 

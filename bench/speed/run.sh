@@ -27,8 +27,8 @@
 #   RUN_TIMEOUT_S=0                      kill one measurement after this many seconds (0: never)
 #   TRAINERD_EXTRA_YAML='key: value'     extra training: keys for trainerd on every row (one per line)
 #   TRAINERD_HOPPER_GEMM=0|1|2           trainerd's SwiGLU in the MLP's GEMMs (engine/epilogue_gemm.h; 1 forward, 2
-#                                        backward too; unset: 2 for bf16 on CUDA)
-#   TRAINERD_HOPPER_ROPE=0|1             trainerd's rotary embedding in q|k|v's GEMM (unset: on for bf16 on CUDA)
+#                                        backward too; unset: 2 for bf16 on a Hopper GPU)
+#   TRAINERD_HOPPER_ROPE=0|1             trainerd's rotary embedding in q|k|v's GEMM (unset: on there)
 #   TRAINERD_HOPPER_ATTENTION=1          trainerd's attention on its Hopper kernels (engine/hopper_attention.h)
 #   TRAINERD_COMMIT=abc123               the commit to report (default: git's HEAD; give it for a tree copied without .git)
 #   PROFILE=1                            after each trainerd row, profile two more of its steps (trainerd-worker
@@ -362,7 +362,7 @@ for r in $rows; do
         settings="micro-batch $t_mb"
         [ "$t_accum" -gt 1 ] && settings="$t_accum micro-batches of $t_mb"
         [ -n "$TRAINERD_EXTRA_YAML" ] && settings="$settings; $(printf '%s' "$TRAINERD_EXTRA_YAML" | sed ':a;N;$!ba;s/\n/, /g')"
-        # Passes in the Hopper GEMM's epilogues (engine/epilogue_gemm.h; on by default for bf16 on CUDA): the
+        # Passes in the Hopper GEMM's epilogues (engine/epilogue_gemm.h; on by default for bf16 on a Hopper GPU): the
         # table says how many products the GEMM took in the first step (the worker's note; it declines shapes
         # it does not suit).
         taken=$(grep -o 'TRAINERD_HOPPER_[A-Z]*=[0-9]\(, TRAINERD_HOPPER_[A-Z]*=[0-9]\)*: the first step ran .* of the Hopper GEMM' "$base.log" |

@@ -591,6 +591,8 @@ std::string HopperGemmBuild() {
          std::to_string(kSmemBytes) + " bytes of shared memory a block";
 }
 
+bool CurrentDeviceIsHopper() { return CurrentDevice().hopper; }
+
 bool HopperGemmSuits(int64_t m, int64_t n, int64_t k) {
   const DeviceInfo device = CurrentDevice();
   const int64_t tiles = ((m + kBlockM - 1) / kBlockM) * ((n + kBlockN - 1) / kBlockN);

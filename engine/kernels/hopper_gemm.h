@@ -84,6 +84,9 @@ enum class HopperEpilogue {
 // so a smaller product leaves SMs idle).
 [[nodiscard]] bool HopperGemmSuits(int64_t m, int64_t n, int64_t k);
 
+// Whether the current device is a Hopper GPU (compute capability 9.0).
+[[nodiscard]] bool CurrentDeviceIsHopper();
+
 // The kernel's compile-time settings (hopper_gemm.cu's HG_*),
 // for a measurement's log: "stages 4, group 16, ...".
 [[nodiscard]] std::string HopperGemmBuild();
