@@ -10,7 +10,6 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
-#include <mutex>
 
 #ifndef HA_OVERLAP
 // The forward: 1 a tile's scores and softmax run while the previous tile's
@@ -124,14 +123,23 @@ __device__ __forceinline__ float Exp2(float x) {
   return y;
 }
 
+// 2^x by the MUFU instruction and the softmax in powers of two: log2(e), ln(2).
+constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.69314718056f;
+
+// The sequences' shape, as both kernels take it.
+struct SequenceShape {
+  int seq, heads, group, kv_heads, batch;  // group: query heads a kv head
+  float scale, scale_log2;                 // the scores' scale, and scale * log2(e)
+};
+
 struct AttentionMaps {
   CUtensorMap q;  // 3-D (seq, q columns, batch), box 128 rows x 64 columns
   CUtensorMap k;  // likewise over k
   CUtensorMap v;  // box 64 rows x 64 columns
   CUtensorMap o;  // box 64 rows x 64 columns
   float* lse;
-  int seq, heads, group, q_tiles, batch;
-  float scale_log2;  // scale * log2(e): the softmax in powers of two
+  SequenceShape shape;
+  int q_tiles;
 };
 
 // The accumulator layout of wgmma m64nN (a warpgroup's 64 rows): warp w,
@@ -151,11 +159,11 @@ __global__ void __launch_bounds__(kThreads, 1) ForwardKernel(const __grid_consta
   uint64_t* q_full = empty + kStages;
 
   // The heaviest blocks (the last query tiles, the most keys) first.
-  const int per_tile = maps.batch * maps.heads;
+  const int per_tile = maps.shape.batch * maps.shape.heads;
   const int q_tile = maps.q_tiles - 1 - static_cast<int>(blockIdx.x) / per_tile;
-  const int batch = static_cast<int>(blockIdx.x) % per_tile / maps.heads;
-  const int head = static_cast<int>(blockIdx.x) % maps.heads;
-  const int kv_head = head / maps.group;
+  const int batch = static_cast<int>(blockIdx.x) % per_tile / maps.shape.heads;
+  const int head = static_cast<int>(blockIdx.x) % maps.shape.heads;
+  const int kv_head = head / maps.shape.group;
   const int kv_tiles = q_tile + 1;  // causal: keys up to the tile's last row
 
   const int warpgroup = threadIdx.x / 128;
@@ -226,7 +234,7 @@ __global__ void __launch_bounds__(kThreads, 1) ForwardKernel(const __grid_consta
   // pairs (p[2 i + r]: group i, row half r) and the factor O must be scaled by.
   auto softmax = [&](float (&sc)[64], int j, uint32_t (&p)[32], float (&correction)[2]) {
 #pragma unroll
-    for (int i = 0; i < 64; ++i) sc[i] *= maps.scale_log2;
+    for (int i = 0; i < 64; ++i) sc[i] *= maps.shape.scale_log2;
     if (j == q_tile) {
       const int key0 = j * kBlockKv + 2 * (lane % 4);
 #pragma unroll
@@ -331,9 +339,9 @@ __global__ void __launch_bounds__(kThreads, 1) ForwardKernel(const __grid_consta
     l += __shfl_xor_sync(0xffffffff, l, 2);
     inverse[r] = 1.f / l;
     const int row = row0 + 8 * r;
-    if (lane % 4 == 0 && row < maps.seq) {
-      maps.lse[(static_cast<int64_t>(batch) * maps.heads + head) * maps.seq + row] =
-          (row_max[r] + log2f(l)) * 0.69314718056f;
+    if (lane % 4 == 0 && row < maps.shape.seq) {
+      maps.lse[(static_cast<int64_t>(batch) * maps.shape.heads + head) * maps.shape.seq + row] =
+          (row_max[r] + log2f(l)) * kLn2;
     }
   }
   auto scaled = [&](int i, int e) { return o[4 * i + e] * inverse[e >> 1]; };
@@ -378,8 +386,8 @@ struct BackwardMaps {
   const float* lse;    // (batch, heads, seq)
   const float* dot;    // (batch, heads, seq): dO.O
   float* dq_sums;      // (batch, heads, q64 tiles, 2 halves of 64 columns, 64 rows, 64 columns)
-  int seq, heads, group, kv_heads, q64_tiles, batch;
-  float scale, scale_log2;
+  SequenceShape shape;
+  int q64_tiles;
 };
 
 // D = dO.O for each (token, head): a warp a pair, four elements a lane.
@@ -467,13 +475,13 @@ __global__ void __launch_bounds__(kThreads, 1) BackwardKernel(const __grid_const
   uint64_t* empty = full + kBackwardStages;
   uint64_t* kv_full = empty + kBackwardStages;
 
-  const int per_tile = maps.batch * maps.kv_heads;
+  const int per_tile = maps.shape.batch * maps.shape.kv_heads;
   const int j = static_cast<int>(blockIdx.x) / per_tile;  // the heaviest (most queries) first
-  const int batch = static_cast<int>(blockIdx.x) % per_tile / maps.kv_heads;
-  const int kv_head = static_cast<int>(blockIdx.x) % maps.kv_heads;
+  const int batch = static_cast<int>(blockIdx.x) % per_tile / maps.shape.kv_heads;
+  const int kv_head = static_cast<int>(blockIdx.x) % maps.shape.kv_heads;
   const int first_i = j * (kBlockKv / kBackwardQ);
   const int per_head = maps.q64_tiles - first_i;
-  const int steps = maps.group * per_head;
+  const int steps = maps.shape.group * per_head;
 
   const int warpgroup = threadIdx.x / 128;
   const int tid = threadIdx.x % 128;
@@ -495,13 +503,13 @@ __global__ void __launch_bounds__(kThreads, 1) BackwardKernel(const __grid_const
       const int lane = tid - 32;
       for (int n = 0; n < steps; ++n) {
         const int s = n % kBackwardStages;
-        const int head = kv_head * maps.group + n / per_head, i = first_i + n % per_head;
-        const int64_t base = (static_cast<int64_t>(batch) * maps.heads + head) * maps.seq;
+        const int head = kv_head * maps.shape.group + n / per_head, i = first_i + n % per_head;
+        const int64_t base = (static_cast<int64_t>(batch) * maps.shape.heads + head) * maps.shape.seq;
         float lse[2], dot[2];
         for (int e = 0; e < 2; ++e) {
           const int query = i * kBackwardQ + 2 * lane + e;
-          lse[e] = query < maps.seq ? __ldg(maps.lse + base + query) * 1.4426950408889634f : 0.f;
-          dot[e] = query < maps.seq ? __ldg(maps.dot + base + query) : 0.f;
+          lse[e] = query < maps.shape.seq ? __ldg(maps.lse + base + query) * kLog2e : 0.f;
+          dot[e] = query < maps.shape.seq ? __ldg(maps.dot + base + query) : 0.f;
         }
         BarrierWait(&empty[s], ((n / kBackwardStages) & 1) ^ 1);
         *reinterpret_cast<float2*>(&rows[s][0][2 * lane]) = make_float2(lse[0], lse[1]);
@@ -520,7 +528,7 @@ __global__ void __launch_bounds__(kThreads, 1) BackwardKernel(const __grid_const
     }
     for (int n = 0; n < steps; ++n) {
       const int s = n % kBackwardStages;
-      const int head = kv_head * maps.group + n / per_head, i = first_i + n % per_head;
+      const int head = kv_head * maps.shape.group + n / per_head, i = first_i + n % per_head;
       BarrierWait(&empty[s], ((n / kBackwardStages) & 1) ^ 1);
       BarrierExpectBytes(&full[s], 2 * kQ64Bytes);
       uint8_t* q = stages + s * 2 * kQ64Bytes;
@@ -548,7 +556,7 @@ __global__ void __launch_bounds__(kThreads, 1) BackwardKernel(const __grid_const
   BarrierWait(kv_full, 0);
   for (int n = 0; n < steps; ++n) {
     const int s = n % kBackwardStages;
-    const int head = kv_head * maps.group + n / per_head, i = first_i + n % per_head;
+    const int head = kv_head * maps.shape.group + n / per_head, i = first_i + n % per_head;
     const int query0 = i * kBackwardQ + 2 * (lane % 4);
     BarrierWait(&full[s], (n / kBackwardStages) & 1);
     uint8_t* q_stage = stages + s * 2 * kQ64Bytes;
@@ -580,8 +588,8 @@ __global__ void __launch_bounds__(kThreads, 1) BackwardKernel(const __grid_const
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int query = query0 + 8 * g + (e & 1), key = key0 + 8 * (e >> 1);
-        const bool masked = query >= maps.seq || (diagonal && key > query);
-        const float p = masked ? 0.f : Exp2(st[4 * g + e] * maps.scale_log2 - ((e & 1) ? lse2.y : lse2.x));
+        const bool masked = query >= maps.shape.seq || (diagonal && key > query);
+        const float p = masked ? 0.f : Exp2(st[4 * g + e] * maps.shape.scale_log2 - ((e & 1) ? lse2.y : lse2.x));
         st[4 * g + e] = p;
         dpt[4 * g + e] = p * (dpt[4 * g + e] - ((e & 1) ? dot.y : dot.x));
       }
@@ -637,7 +645,7 @@ __global__ void __launch_bounds__(kThreads, 1) BackwardKernel(const __grid_const
     FenceAsyncShared();
     NamedBarrier(2 + consumer, 128);
     if (tid == 0) {
-      float* sums = maps.dq_sums + ((static_cast<int64_t>(batch) * maps.heads + head) * maps.q64_tiles + i) *
+      float* sums = maps.dq_sums + ((static_cast<int64_t>(batch) * maps.shape.heads + head) * maps.q64_tiles + i) *
                                        kDqTileFloats + consumer * (kBackwardQ * 64);
       BulkAddF32(sums, my_staging, kStagingBytes);
       TmaStoreCommit();
@@ -650,7 +658,7 @@ __global__ void __launch_bounds__(kThreads, 1) BackwardKernel(const __grid_const
   NamedBarrier(1, 256);
   uint8_t* out = stages + consumer * 2 * kQ64Bytes;
   for (int db = 0; db < 2; ++db) {
-    WriteChunk(out + db * kChunk, warp, lane, 8 * db, [&](int g, int e) { return dk[4 * g + e] * maps.scale; });
+    WriteChunk(out + db * kChunk, warp, lane, 8 * db, [&](int g, int e) { return dk[4 * g + e] * maps.shape.scale; });
     WriteChunk(out + kQ64Bytes + db * kChunk, warp, lane, 8 * db, [&](int g, int e) { return dv[4 * g + e]; });
   }
   FenceAsyncShared();
@@ -666,19 +674,28 @@ __global__ void __launch_bounds__(kThreads, 1) BackwardKernel(const __grid_const
   }
 }
 
-bool CurrentDeviceIsHopper() {
-  int device = 0, major = 0, minor = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return false;
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
-  return major == 9 && minor == 0;
+// Query tiles of 64 rows (the backward's) over a sequence, and the floats of
+// dQ's sums (the workspace's first part; each row's D after them).
+int64_t Q64Tiles(int64_t seq) { return (seq + kBackwardQ - 1) / kBackwardQ; }
+int64_t DqSumsFloats(int64_t batch, int64_t seq, int64_t heads) {
+  return batch * heads * Q64Tiles(seq) * kDqTileFloats;
 }
 
-bool Aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+SequenceShape ShapeOf(const HopperAttentionOperands& a) {
+  SequenceShape shape;
+  shape.seq = static_cast<int>(a.seq);
+  shape.heads = static_cast<int>(a.heads);
+  shape.group = static_cast<int>(a.heads / a.kv_heads);
+  shape.kv_heads = static_cast<int>(a.kv_heads);
+  shape.batch = static_cast<int>(a.batch);
+  shape.scale = a.scale;
+  shape.scale_log2 = a.scale * kLog2e;
+  return shape;
+}
 
 // The operands' checks that the forward and the backward share: "" or why not.
 std::string CheckOperands(const HopperAttentionOperands& a) {
-  if (!CurrentDeviceIsHopper()) return "the current device is not a Hopper GPU (compute capability 9.0)";
+  if (!CurrentDevice().hopper) return "the current device is not a Hopper GPU (compute capability 9.0)";
   if (a.batch <= 0 || a.seq <= 0 || a.heads <= 0 || a.kv_heads <= 0 || a.heads % a.kv_heads != 0) {
     return "batch, seq, heads and kv_heads must be positive, heads a multiple of kv_heads";
   }
@@ -688,8 +705,7 @@ std::string CheckOperands(const HopperAttentionOperands& a) {
     return "pointers must be 16-byte aligned, row strides multiples of 8 elements of at least the heads' columns, "
            "and lse given";
   }
-  const int64_t q64_tiles = (a.seq + kBackwardQ - 1) / kBackwardQ;
-  if (q64_tiles * a.batch * a.heads >= (int64_t{1} << 31) || a.seq * a.batch >= (int64_t{1} << 31)) {
+  if (Q64Tiles(a.seq) * a.batch * a.heads >= (int64_t{1} << 31) || a.seq * a.batch >= (int64_t{1} << 31)) {
     return "too many rows";
   }
   return "";
@@ -701,21 +717,6 @@ std::string SequenceMap(CUtensorMap* map, const void* base, const HopperAttentio
   return Map(map, base, a.seq, columns, stride, box_rows, a.batch, a.seq * stride);
 }
 
-// Raises the kernel's dynamic shared-memory limit, once a device.
-template <auto kKernel>
-std::string AllowSharedMemory(int bytes) {
-  static std::once_flag once[64];
-  static cudaError_t raised[64];
-  int device = 0;
-  cudaGetDevice(&device);
-  std::call_once(once[device % 64], [&] {
-    raised[device % 64] = cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-  });
-  return raised[device % 64] == cudaSuccess
-             ? ""
-             : std::string("raising the shared-memory limit failed: ") + cudaGetErrorString(raised[device % 64]);
-}
-
 std::string Launched(const char* what) {
   const cudaError_t e = cudaGetLastError();
   return e == cudaSuccess ? "" : std::string("HopperAttention: ") + what + " failed: " + cudaGetErrorString(e);
@@ -723,7 +724,7 @@ std::string Launched(const char* what) {
 
 }  // namespace
 
-bool HopperAttentionSuits() { return CurrentDeviceIsHopper(); }
+bool HopperAttentionSuits() { return CurrentDevice().hopper; }
 
 std::string HopperAttentionForward(const HopperAttentionOperands& a, void* stream) {
   std::string why = CheckOperands(a);
@@ -736,20 +737,15 @@ std::string HopperAttentionForward(const HopperAttentionOperands& a, void* strea
   if (!why.empty()) return "HopperAttention: " + why;
   const int64_t q_tiles = (a.seq + kBlockQ - 1) / kBlockQ;
   maps.lse = a.lse;
-  maps.seq = static_cast<int>(a.seq);
-  maps.heads = static_cast<int>(a.heads);
-  maps.group = static_cast<int>(a.heads / a.kv_heads);
+  maps.shape = ShapeOf(a);
   maps.q_tiles = static_cast<int>(q_tiles);
-  maps.batch = static_cast<int>(a.batch);
-  maps.scale_log2 = a.scale * 1.4426950408889634f;
   const int blocks = static_cast<int>(q_tiles * a.batch * a.heads);
   ForwardKernel<<<blocks, kThreads, kSmemBytes, static_cast<cudaStream_t>(stream)>>>(maps);
   return Launched("the forward's launch");
 }
 
 int64_t HopperAttentionWorkspaceBytes(int64_t batch, int64_t seq, int64_t heads) {
-  const int64_t q64_tiles = (seq + kBackwardQ - 1) / kBackwardQ;
-  return (batch * heads * q64_tiles * kDqTileFloats + batch * heads * seq) * 4;
+  return (DqSumsFloats(batch, seq, heads) + batch * heads * seq) * 4;
 }
 
 std::string HopperAttentionBackward(const HopperAttentionGradientOperands& g, void* stream) {
@@ -772,27 +768,20 @@ std::string HopperAttentionBackward(const HopperAttentionGradientOperands& g, vo
   if (why.empty()) why = SequenceMap(&maps.grad_v, g.grad_v, a, a.kv_heads * kHeadDim, g.grad_v_stride, 64);
   if (why.empty()) why = AllowSharedMemory<BackwardKernel>(kBackwardSmemBytes);
   if (!why.empty()) return "HopperAttention: " + why;
-  const int64_t q64_tiles = (a.seq + kBackwardQ - 1) / kBackwardQ;
-  const int64_t sums = a.batch * a.heads * q64_tiles * kDqTileFloats;
+  const int64_t sums = DqSumsFloats(a.batch, a.seq, a.heads);
   auto* workspace = static_cast<float*>(g.workspace);
   auto* s = static_cast<cudaStream_t>(stream);
   maps.lse = a.lse;
   maps.dot = workspace + sums;
   maps.dq_sums = workspace;
-  maps.seq = static_cast<int>(a.seq);
-  maps.heads = static_cast<int>(a.heads);
-  maps.group = static_cast<int>(a.heads / a.kv_heads);
-  maps.kv_heads = static_cast<int>(a.kv_heads);
-  maps.q64_tiles = static_cast<int>(q64_tiles);
-  maps.batch = static_cast<int>(a.batch);
-  maps.scale = a.scale;
-  maps.scale_log2 = a.scale * 1.4426950408889634f;
+  maps.shape = ShapeOf(a);
+  maps.q64_tiles = static_cast<int>(Q64Tiles(a.seq));
 
   if (cudaMemsetAsync(workspace, 0, sums * 4, s) != cudaSuccess) return Launched("zeroing dQ's sums");
   const int64_t pairs = a.batch * a.seq * a.heads;
   DotKernel<<<static_cast<unsigned>((pairs * 32 + 255) / 256), 256, 0, s>>>(
       static_cast<const __nv_bfloat16*>(g.grad_o), g.grad_o_stride, static_cast<const __nv_bfloat16*>(a.o),
-      a.o_stride, workspace + sums, maps.seq, maps.heads, pairs);
+      a.o_stride, workspace + sums, maps.shape.seq, maps.shape.heads, pairs);
   why = Launched("dO.O's launch");
   if (!why.empty()) return why;
   const int64_t kv_tiles = (a.seq + kBlockKv - 1) / kBlockKv;
@@ -802,8 +791,8 @@ std::string HopperAttentionBackward(const HopperAttentionGradientOperands& g, vo
   if (!why.empty()) return why;
   const int64_t units = pairs * (kHeadDim / 8);
   DqKernel<<<static_cast<unsigned>((units + 255) / 256), 256, 0, s>>>(
-      workspace, static_cast<__nv_bfloat16*>(g.grad_q), g.grad_q_stride, maps.seq, maps.heads, maps.q64_tiles,
-      a.scale, units);
+      workspace, static_cast<__nv_bfloat16*>(g.grad_q), g.grad_q_stride, maps.shape.seq, maps.shape.heads,
+      maps.q64_tiles, a.scale, units);
   return Launched("dQ's conversion");
 }
 

@@ -10,7 +10,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <mutex>
 
 // The schedule: one persistent block an SM, tiles of 128 x 256 shared by
 // two consumer warpgroups (cooperative); each finished tile handed over to
@@ -538,44 +537,10 @@ __global__ void __launch_bounds__(kThreads, 1) GemmKernel(const __grid_constant_
 
 // ---- host ----
 
-struct DeviceInfo {
-  bool hopper = false;
-  int sms = 0;
-};
-
-DeviceInfo CurrentDevice() {
-  constexpr int kMaxDevices = 64;
-  static std::once_flag once[kMaxDevices];
-  static DeviceInfo info[kMaxDevices];
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) return {};
-  std::call_once(once[device], [device] {
-    int major = 0, minor = 0, sms = 0;
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-    info[device] = {major == 9 && minor == 0, sms};
-  });
-  return info[device];
-}
-
-bool Aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 template <HopperEpilogue kEpilogue, bool kWTransposed>
 std::string Launch(const GemmMaps& maps, int grid, cudaStream_t stream) {
-  // The dynamic shared-memory limit, raised once per device and kernel.
-  static std::once_flag once[64];
-  static cudaError_t raised[64];
-  int device = 0;
-  cudaGetDevice(&device);
-  std::call_once(once[device % 64], [&] {
-    raised[device % 64] = cudaFuncSetAttribute(GemmKernel<kEpilogue, kWTransposed>,
-                                               cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
-  });
-  if (raised[device % 64] != cudaSuccess) {
-    return std::string("HopperGemm: raising the shared-memory limit failed: ") +
-           cudaGetErrorString(raised[device % 64]);
-  }
+  const std::string why = AllowSharedMemory<GemmKernel<kEpilogue, kWTransposed>>(kSmemBytes);
+  if (!why.empty()) return "HopperGemm: " + why;
   GemmKernel<kEpilogue, kWTransposed><<<grid, kThreads, kSmemBytes, stream>>>(maps);
   const cudaError_t e = cudaGetLastError();
   return e == cudaSuccess ? "" : std::string("HopperGemm: launch failed: ") + cudaGetErrorString(e);
@@ -587,8 +552,8 @@ std::string HopperGemmBuild() {
   const std::string backward = (HG_BACKWARD_TMA ? "by TMA" : std::to_string(HG_BACKWARD_UNITS) + " units in flight") +
                                std::string(HG_BACKWARD_PREFETCH ? ", gate and up prefetched to L2" : "");
   return "cooperative 128 x 256, epilogue by the producer's warps (SwiGLU's backward " + backward + ")" +
-         ", stages " + std::to_string(kStages) + ", group " + std::to_string(HG_GROUP) + ", fast silu " + std::to_string(HG_FAST_SILU) + ", " +
-         std::to_string(kSmemBytes) + " bytes of shared memory a block";
+         ", stages " + std::to_string(kStages) + ", group " + std::to_string(HG_GROUP) + ", fast silu " +
+         std::to_string(HG_FAST_SILU) + ", " + std::to_string(kSmemBytes) + " bytes of shared memory a block";
 }
 
 bool CurrentDeviceIsHopper() { return CurrentDevice().hopper; }

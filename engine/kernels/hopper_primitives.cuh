@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <mutex>
 #include <string>
 
 namespace trainerd::kernels::hopper {
@@ -172,6 +173,48 @@ __device__ __forceinline__ void WriteChunk(uint8_t* chunk, int warp, int lane, i
 }
 
 // ---- host ----
+
+// The current device: whether it is a Hopper GPU (compute capability 9.0)
+// and its SM count, read once a device.
+struct DeviceInfo {
+  bool hopper = false;
+  int sms = 0;
+};
+
+inline DeviceInfo CurrentDevice() {
+  constexpr int kMaxDevices = 64;
+  static std::once_flag once[kMaxDevices];
+  static DeviceInfo info[kMaxDevices];
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) return {};
+  std::call_once(once[device], [device] {
+    int major = 0, minor = 0, sms = 0;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    info[device] = {major == 9 && minor == 0, sms};
+  });
+  return info[device];
+}
+
+// Whether p is 16-byte aligned (TMA's and the 16-byte vectors' rule).
+inline bool Aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Raises the kernel's dynamic shared-memory limit to `bytes`, once a device:
+// "" or why not.
+template <auto kKernel>
+std::string AllowSharedMemory(int bytes) {
+  static std::once_flag once[64];
+  static cudaError_t raised[64];
+  int device = 0;
+  cudaGetDevice(&device);
+  std::call_once(once[device % 64], [&] {
+    raised[device % 64] = cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  });
+  return raised[device % 64] == cudaSuccess
+             ? ""
+             : std::string("raising the shared-memory limit failed: ") + cudaGetErrorString(raised[device % 64]);
+}
 
 using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
                                  const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
