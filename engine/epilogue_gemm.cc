@@ -5,6 +5,8 @@
 #include <cstring>
 #include <string>
 
+#include "engine/hopper_rows.h"
+
 #ifdef TRAINERD_WITH_HOPPER_KERNELS
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -52,11 +54,6 @@ bool AutoOn(const torch::Device& device, torch::ScalarType dtype) {
 }
 
 #ifdef TRAINERD_WITH_HOPPER_KERNELS
-bool Bf16Rows(const torch::Tensor& t) {
-  return t.is_cuda() && t.scalar_type() == torch::kBFloat16 && t.dim() == 2 && t.stride(1) == 1 &&
-         t.stride(0) % 8 == 0 && t.stride(0) >= t.size(1) && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
-}
-
 // The kernel's rule (kernels::HopperGemmSuits) on the device `where`.
 bool Suits(const torch::Device& where, int64_t m, int64_t n, int64_t k) {
   const c10::cuda::CUDAGuard guard(where);
@@ -66,7 +63,7 @@ bool Suits(const torch::Device& where, int64_t m, int64_t n, int64_t k) {
 // x (m, k) w^T for w (n, k) as stored: bf16 rows on one device, of a shape
 // the kernel suits (the conditions every forward epilogue shares).
 bool TakesProduct(const torch::Tensor& x, const torch::Tensor& w) {
-  return Bf16Rows(x) && Bf16Rows(w) && x.device() == w.device() && w.size(1) == x.size(1) &&
+  return HopperBf16Rows(x) && HopperBf16Rows(w) && x.device() == w.device() && w.size(1) == x.size(1) &&
          Suits(x.device(), x.size(0), w.size(0), x.size(1));
 }
 
@@ -87,8 +84,8 @@ bool RopeTables(const torch::Tensor& positions, const torch::Tensor& inv_freq, i
 // The backward's: x (N, k), w (k, f), gate and up the halves of one buffer.
 bool TakesBackward(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& gate,
                    const torch::Tensor& up) {
-  if (!Bf16Rows(x) || !Bf16Rows(w) || !Bf16Rows(gate) || !Bf16Rows(up) || x.device() != w.device() ||
-      gate.device() != x.device() || up.device() != x.device() || x.size(1) != w.size(0)) {
+  if (!HopperBf16Rows(x) || !HopperBf16Rows(w) || !HopperBf16Rows(gate) || !HopperBf16Rows(up) ||
+      x.device() != w.device() || gate.device() != x.device() || up.device() != x.device() || x.size(1) != w.size(0)) {
     return false;
   }
   const int64_t n = x.size(0), f = w.size(1);

@@ -6,6 +6,8 @@
 #include <cstring>
 #include <string>
 
+#include "engine/hopper_rows.h"
+
 #ifdef TRAINERD_WITH_HOPPER_KERNELS
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -28,13 +30,6 @@ std::atomic<bool>& Setting() {
 
 #ifdef TRAINERD_WITH_HOPPER_KERNELS
 constexpr int64_t kHeadDim = 128;
-
-// A bf16 matrix on CUDA the kernels read: unit column stride, rows a
-// multiple of 8 elements apart, 16-byte aligned.
-bool Bf16Rows(const torch::Tensor& t) {
-  return t.is_cuda() && t.scalar_type() == torch::kBFloat16 && t.dim() == 2 && t.stride(1) == 1 &&
-         t.stride(0) % 8 == 0 && t.stride(0) >= t.size(1) && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
-}
 
 // The kernels' operands over q, k, v (and o, lse) of one call.
 kernels::HopperAttentionOperands Operands(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
@@ -84,7 +79,7 @@ class HopperAttentionFunction : public torch::autograd::Function<HopperAttention
     const int64_t batch = shape[0], seq = shape[1], heads = shape[2], kv_heads = shape[3];
     const torch::Tensor& q = saved[0];
     torch::Tensor grad_o = grads[0];
-    if (!Bf16Rows(grad_o)) grad_o = grad_o.contiguous();
+    if (!HopperBf16Rows(grad_o)) grad_o = grad_o.contiguous();
     const c10::cuda::CUDAGuard guard(q.device());
     torch::Tensor grad = torch::empty({batch * seq, (heads + 2 * kv_heads) * kHeadDim}, q.options());
     torch::Tensor workspace = torch::empty({kernels::HopperAttentionWorkspaceBytes(batch, seq, heads)},
@@ -117,8 +112,8 @@ bool HopperAttentionEnabled() { return Setting().load(std::memory_order_relaxed)
 bool HopperAttentionTakes(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                           int64_t head_dim) {
 #ifdef TRAINERD_WITH_HOPPER_KERNELS
-  if (!HopperAttentionEnabled() || head_dim != kHeadDim || !Bf16Rows(q) || !Bf16Rows(k) || !Bf16Rows(v) ||
-      k.device() != q.device() || v.device() != q.device()) {
+  if (!HopperAttentionEnabled() || head_dim != kHeadDim || !HopperBf16Rows(q) || !HopperBf16Rows(k) ||
+      !HopperBf16Rows(v) || k.device() != q.device() || v.device() != q.device()) {
     return false;
   }
   const c10::cuda::CUDAGuard guard(q.device());

@@ -304,10 +304,12 @@ torch::Tensor LlamaModel::Attention(const DecoderLayer& layer, const torch::Tens
     if (in.cudnn != CudnnAttentionMode::kUnavailable) {
       // The kernels of our own where they take the operands (the setting on,
       // a Hopper GPU, bf16, heads of 128): q, k and v as (B*T, heads * d).
-      const torch::Tensor q2 = q.reshape({b * t, nh * d}), k2 = k.reshape({b * t, nkv * d});
-      const torch::Tensor v2 = v.reshape({b * t, nkv * d});
-      if (HopperAttentionTakes(q2, k2, v2, d)) {
-        return o_proj(HopperCausalAttention(q2, k2, v2, b, t, nh, nkv).view({b, t, nh * d}));
+      if (HopperAttentionEnabled()) {
+        const torch::Tensor q2 = q.reshape({b * t, nh * d}), k2 = k.reshape({b * t, nkv * d});
+        const torch::Tensor v2 = v.reshape({b * t, nkv * d});
+        if (HopperAttentionTakes(q2, k2, v2, d)) {
+          return o_proj(HopperCausalAttention(q2, k2, v2, b, t, nh, nkv).view({b, t, nh * d}));
+        }
       }
       // Rows of (B, T, heads, d) seen as (B, heads, T, d): no copies.
       auto rows = [&](const torch::Tensor& x, int64_t heads) { return x.view({b, t, heads, d}).transpose(1, 2); };
