@@ -7,7 +7,10 @@
 //   /tmp/hopper_attention check | time [NAME PART]
 // The kernel's compile-time knobs (-D; engine/kernels/hopper_attention.cu)
 // build variants: HA_OVERLAP=1 (the forward's softmax under the previous
-// tile's P V), HA_STAGES (the forward's ring of K and V tiles, 2 or 3).
+// tile's P V), HA_STAGES (the forward's ring of K and V tiles, 2 or 3),
+// HA_BACKWARD_OVERLAP=0 (the backward's P^T and dS^T after both S^T and dP^T,
+// as first built; default 1: under dP^T's and dV's products),
+// HA_BACKWARD_STAGES (the backward's ring of Q and dO tiles, 2 or 3).
 //
 // check: the forward's O and log-sum-exp against a float32 reference computed
 // from the same bf16 inputs (plain kernels: one block a query row, the

@@ -16,6 +16,14 @@
 // P V runs (FlashAttention-3's overlap within a warpgroup); 0 one after the other.
 #define HA_OVERLAP 0
 #endif
+#ifndef HA_BACKWARD_OVERLAP
+// The backward: 1 P^T is computed while dP^T's product runs, and dS^T while
+// dV's does; 0 both products waited for first, then dV's and dK's issued together.
+#define HA_BACKWARD_OVERLAP 1
+#endif
+#ifndef HA_BACKWARD_STAGES
+#define HA_BACKWARD_STAGES 2  // the backward's ring of Q and dO tiles (3 fits: 226 KB)
+#endif
 #ifndef HA_STAGES
 #define HA_STAGES 2  // the forward's ring of K and V tiles (3 fits: 225 KB of shared memory)
 #endif
@@ -363,7 +371,7 @@ __global__ void __launch_bounds__(kThreads, 1) ForwardKernel(const __grid_consta
 // ---- the backward ----
 
 constexpr int kBackwardQ = 64;  // query rows a step
-constexpr int kBackwardStages = 2;  // Q and dO tiles in flight
+constexpr int kBackwardStages = HA_BACKWARD_STAGES;  // Q and dO tiles in flight
 constexpr int kQ64Bytes = kBackwardQ * kHeadDim * 2;  // 16 KB: a 64-row tile of Q or dO (two 8 KB boxes)
 constexpr int kChunk = 64 * 64 * 2;                  // 8 KB: 64 rows x 64 columns, bf16
 constexpr int kDsBytes = kBlockKv * kBackwardQ * 2;  // 16 KB: dS^T of a step, keys x queries
@@ -569,49 +577,66 @@ __global__ void __launch_bounds__(kThreads, 1) BackwardKernel(const __grid_const
       const uint32_t kv_step = (kk / 4) * kBoxBytes + (kk % 4) * 32, q_step = (kk / 4) * kChunk + (kk % 4) * 32;
       WgmmaSS64<0, 0>(st, DescriptorK(k_address + kv_step), DescriptorK(q_address + q_step), kk > 0);
     }
+#if HA_BACKWARD_OVERLAP
+    WgmmaCommit();  // S^T's group, then dP^T's: P^T is computed while dP^T runs
+#endif
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
       const uint32_t kv_step = (kk / 4) * kBoxBytes + (kk % 4) * 32, q_step = (kk / 4) * kChunk + (kk % 4) * 32;
       WgmmaSS64<0, 0>(dpt, DescriptorK(v_address + kv_step), DescriptorK(do_address + q_step), kk > 0);
     }
     WgmmaCommit();
-    WgmmaWait<0>();
+    WgmmaWait<HA_BACKWARD_OVERLAP>();  // S^T (with the overlap; else S^T and dP^T)
+    FenceRegisters(st);
 
-    // P^T into st, dS^T into dpt. Masked: a key past its query (only the
-    // steps that reach the diagonal: i < first_i + 2) or a query past the sequence.
+    // P^T into st. Masked: a key past its query (only the steps that reach
+    // the diagonal: i < first_i + 2) or a query past the sequence.
     const bool diagonal = i < first_i + kBlockKv / kBackwardQ;
 #pragma unroll
     for (int g = 0; g < 8; ++g) {
-      const int column = 8 * g + 2 * (lane % 4);
-      const float2 lse2 = *reinterpret_cast<const float2*>(&rows[s][0][column]);
-      const float2 dot = *reinterpret_cast<const float2*>(&rows[s][1][column]);
+      const float2 lse2 = *reinterpret_cast<const float2*>(&rows[s][0][8 * g + 2 * (lane % 4)]);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int query = query0 + 8 * g + (e & 1), key = key0 + 8 * (e >> 1);
         const bool masked = query >= maps.shape.seq || (diagonal && key > query);
-        const float p = masked ? 0.f : Exp2(st[4 * g + e] * maps.shape.scale_log2 - ((e & 1) ? lse2.y : lse2.x));
-        st[4 * g + e] = p;
-        dpt[4 * g + e] = p * (dpt[4 * g + e] - ((e & 1) ? dot.y : dot.x));
+        st[4 * g + e] = masked ? 0.f : Exp2(st[4 * g + e] * maps.shape.scale_log2 - ((e & 1) ? lse2.y : lse2.x));
       }
     }
-    uint8_t* ds = ds_smem + (n % 2) * kDsBytes;
-    WriteChunk(ds + consumer * kChunk, warp, lane, 0, [&](int g, int e) { return dpt[4 * g + e]; });
     uint32_t pt[16], dst[16];
 #pragma unroll
-    for (int g = 0; g < 8; ++g) {
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        pt[2 * g + r] = PackBf16(st[4 * g + 2 * r], st[4 * g + 2 * r + 1]);
-        dst[2 * g + r] = PackBf16(dpt[4 * g + 2 * r], dpt[4 * g + 2 * r + 1]);
-      }
-    }
-    FenceAsyncShared();
-    WgmmaFence();
+    for (int g = 0; g < 16; ++g) pt[g] = PackBf16(st[2 * g], st[2 * g + 1]);
+#if HA_BACKWARD_OVERLAP
+    WgmmaFence();  // dV += P^T dO runs while dS^T is computed
 #pragma unroll
     for (int kk = 0; kk < kBackwardQ / 16; ++kk) {
       const uint32_t a[4] = {pt[4 * kk], pt[4 * kk + 1], pt[4 * kk + 2], pt[4 * kk + 3]};
       WgmmaRS(dv, a, DescriptorMN(do_address + kk * 2048));
     }
+    WgmmaCommit();
+    WgmmaWait<1>();  // dP^T
+    FenceRegisters(dpt);
+#endif
+
+    // dS^T = P^T (dP^T - D) into dpt (0 where P^T is).
+#pragma unroll
+    for (int g = 0; g < 8; ++g) {
+      const float2 dot = *reinterpret_cast<const float2*>(&rows[s][1][8 * g + 2 * (lane % 4)]);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dpt[4 * g + e] = st[4 * g + e] * (dpt[4 * g + e] - ((e & 1) ? dot.y : dot.x));
+    }
+    uint8_t* ds = ds_smem + (n % 2) * kDsBytes;
+    WriteChunk(ds + consumer * kChunk, warp, lane, 0, [&](int g, int e) { return dpt[4 * g + e]; });
+#pragma unroll
+    for (int g = 0; g < 16; ++g) dst[g] = PackBf16(dpt[2 * g], dpt[2 * g + 1]);
+    FenceAsyncShared();
+    WgmmaFence();
+#if !HA_BACKWARD_OVERLAP
+#pragma unroll
+    for (int kk = 0; kk < kBackwardQ / 16; ++kk) {
+      const uint32_t a[4] = {pt[4 * kk], pt[4 * kk + 1], pt[4 * kk + 2], pt[4 * kk + 3]};
+      WgmmaRS(dv, a, DescriptorMN(do_address + kk * 2048));
+    }
+#endif
 #pragma unroll
     for (int kk = 0; kk < kBackwardQ / 16; ++kk) {
       const uint32_t a[4] = {dst[4 * kk], dst[4 * kk + 1], dst[4 * kk + 2], dst[4 * kk + 3]};
@@ -627,8 +652,13 @@ __global__ void __launch_bounds__(kThreads, 1) BackwardKernel(const __grid_const
       WgmmaSS64<1, 1>(dq, DescriptorMN(ds_address + kk * 2048), DescriptorMN(k_half + kk * 2048), kk > 0);
     }
     WgmmaCommit();
+    // The stage's Q and dO are read once dV's and dK's products are done (and
+    // this warp's reads of its rows, which __syncwarp orders before lane 0's arrival).
+    WgmmaWait<1>();
+    __syncwarp();
+    if (lane == 0) BarrierArrive(&empty[s]);
     WgmmaWait<0>();
-    if (lane == 0) BarrierArrive(&empty[s]);  // the stage's Q and dO are read
+    FenceRegisters(dq);
 
     // dQ's half onto its sums: the previous step's reduction has read the staging buffer first.
     if (tid == 0) TmaStoreWaitRead<0>();
