@@ -5,6 +5,8 @@
 // (or the CMake build's hopper_attention_bench, built wherever nvcc is)
 //   /tmp/hopper_attention            # every check, then every timing
 //   /tmp/hopper_attention check | time [NAME PART]
+//   /tmp/hopper_attention energy [NAME PART]   # joules a launch at the power cap (NVML;
+//     default the 8b shape); beside python3 bench/attention/attention_energy.py's cuDNN
 // The kernel's compile-time knobs (-D; engine/kernels/hopper_attention.cu)
 // build variants: HA_OVERLAP=1 (the forward's softmax under the previous
 // tile's P V), HA_STAGES (the forward's ring of K and V tiles, 2 or 3),
@@ -40,6 +42,7 @@
 #include <vector>
 
 #include "bench/cuda_check.h"
+#include "bench/nvml_energy.h"
 #include "engine/kernels/hopper_attention.h"
 
 namespace {
@@ -437,6 +440,50 @@ void Time(const Case& c) {
 
 }  // namespace
 
+// Forward, backward and both back to back for a few seconds each (as a
+// training step runs them, at the card's power cap), over rounds so that
+// drift shows: milliseconds, joules, power and clock a launch, in
+// attention_energy.py's format (whose cuDNN lines, from the same start, they
+// compare with: at the cap the joules a layer set the step's time).
+void Energy(const Case& c, const Nvml& nvml) {
+  const Problem p{c};
+  Buffers b = Make(p, 99);
+  cudaStream_t stream;
+  CHECK_CUDA(cudaStreamCreate(&stream));
+  const auto a = Operands(p, b);
+  const auto g = GradientOperands(p, b);
+  const auto forward = [&] { return trainerd::kernels::HopperAttentionForward(a, stream); };
+  const auto backward = [&] { return trainerd::kernels::HopperAttentionBackward(g, stream); };
+  std::string why = forward();
+  if (why.empty()) why = backward();
+  if (!why.empty()) {
+    std::printf("energy %s: %s\n", c.name, why.c_str());
+  } else {
+    const double flops = 2.0 * c.batch * c.heads * static_cast<double>(c.seq) * c.seq * kD;
+    const struct {
+      const char* name;
+      double flops;
+      int which;  // 1 forward, 2 backward, 3 both
+    } sides[] = {{"ours forward", flops, 1}, {"ours backward", 2.5 * flops, 2}, {"ours forward+backward", 3.5 * flops, 3}};
+    constexpr double kSeconds = 3.0;
+    constexpr int kRounds = 3;
+    std::printf("energy %s: %.1f s a case, %d rounds\n", c.name, kSeconds, kRounds);
+    for (int round = 0; round < kRounds; ++round) {
+      for (const auto& side : sides) {
+        const EnergyReading r = BackToBack(nvml, stream, kSeconds, [&] {
+          if (side.which & 1) (void)forward();
+          if (side.which & 2) (void)backward();
+        });
+        std::printf("round %d  %-26s %8.3f ms %8.4f J %5.0f W %5.0f MHz %6.0f TFLOP/s %6.3f J/PFLOP (%ld calls)\n",
+                    round, side.name, r.ms, r.joules, r.watts, r.mhz, side.flops / r.ms / 1e9,
+                    r.joules / side.flops * 1e15, r.launches);
+      }
+    }
+  }
+  CHECK_CUDA(cudaStreamDestroy(stream));
+  Free(b);
+}
+
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   const std::string part = argc > 2 ? argv[2] : "";
@@ -461,6 +508,17 @@ int main(int argc, char** argv) {
   if (mode.empty() || mode == "time") {
     for (const Case& c : timings) {
       if (std::string(c.name).find(part) != std::string::npos) Time(c);
+    }
+  }
+  if (mode == "energy") {
+    const Nvml nvml;
+    if (!nvml.ok()) {
+      std::fprintf(stderr, "energy: NVML (libnvidia-ml.so.1) not available\n");
+      return 1;
+    }
+    // The 8b shape unless a part of a name is given.
+    for (const Case& c : timings) {
+      if (std::string(c.name).find(part.empty() ? "8b:" : part) != std::string::npos) Energy(c, nvml);
     }
   }
   return failed == 0 ? 0 : 1;

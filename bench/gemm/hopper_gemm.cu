@@ -20,10 +20,8 @@
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
-#include <dlfcn.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -34,6 +32,7 @@
 #include <vector>
 
 #include "bench/cuda_check.h"
+#include "bench/nvml_energy.h"
 #include "engine/kernels/hopper_gemm.h"
 
 namespace {
@@ -489,49 +488,6 @@ void Time(const Case& c) {
   cudaStreamDestroy(stream);
 }
 
-// The driver's NVML, opened at run time (no header or library at build time):
-// the card's energy counter (millijoules since the driver loaded), its power
-// and its SM clock.
-class Nvml {
- public:
-  Nvml() {
-    void* lib = dlopen("libnvidia-ml.so.1", RTLD_NOW);
-    if (lib == nullptr) return;
-    auto init = reinterpret_cast<int (*)()>(dlsym(lib, "nvmlInit_v2"));
-    auto handle = reinterpret_cast<int (*)(unsigned, void**)>(dlsym(lib, "nvmlDeviceGetHandleByIndex_v2"));
-    energy_ = reinterpret_cast<int (*)(void*, unsigned long long*)>(dlsym(lib, "nvmlDeviceGetTotalEnergyConsumption"));
-    power_ = reinterpret_cast<int (*)(void*, unsigned*)>(dlsym(lib, "nvmlDeviceGetPowerUsage"));
-    clock_ = reinterpret_cast<int (*)(void*, int, unsigned*)>(dlsym(lib, "nvmlDeviceGetClockInfo"));
-    int device = 0;
-    CHECK_CUDA(cudaGetDevice(&device));
-    ok_ = init != nullptr && handle != nullptr && energy_ != nullptr && power_ != nullptr && clock_ != nullptr &&
-          init() == 0 && handle(static_cast<unsigned>(device), &device_) == 0;
-  }
-  bool ok() const { return ok_; }
-  double Joules() const {
-    unsigned long long mj = 0;
-    energy_(device_, &mj);
-    return mj / 1000.0;
-  }
-  double Watts() const {
-    unsigned mw = 0;
-    power_(device_, &mw);
-    return mw / 1000.0;
-  }
-  unsigned SmMhz() const {
-    unsigned mhz = 0;
-    clock_(device_, /*NVML_CLOCK_SM*/ 1, &mhz);
-    return mhz;
-  }
-
- private:
-  bool ok_ = false;
-  void* device_ = nullptr;
-  int (*energy_)(void*, unsigned long long*) = nullptr;
-  int (*power_)(void*, unsigned*) = nullptr;
-  int (*clock_)(void*, int, unsigned*) = nullptr;
-};
-
 // Each contestant run back to back for a few seconds, as a training step runs
 // its GEMMs (at the card's power cap): milliseconds and joules a launch, with
 // the power and SM clock sampled meanwhile. At the cap, joules a launch is
@@ -547,29 +503,12 @@ void Energy(const Case& c, const Nvml& nvml) {
   double ms_later[3] = {0, 0, 0}, joules_later[3] = {0, 0, 0};  // means over rounds 1.. (a warm card)
   for (int round = 0; round < kRounds; ++round) {  // ours, cuBLAS, ours, cuBLAS, ...: drift shows
     for (int who = 0; who < t.Contestants(); ++who) {
-      for (int i = 0; i < 50; ++i) t.Launch(who, stream);  // reach the cap's clock first
-      CHECK_CUDA(cudaStreamSynchronize(stream));
-      const double j0 = nvml.Joules();
-      const auto t0 = std::chrono::steady_clock::now();
-      long launches = 0;
-      double watts = 0, mhz = 0;
-      int samples = 0;
-      double elapsed = 0;
-      while (elapsed < kSeconds) {
-        for (int i = 0; i < 20; ++i, ++launches) t.Launch(who, stream);
-        CHECK_CUDA(cudaStreamSynchronize(stream));
-        watts += nvml.Watts();
-        mhz += nvml.SmMhz();
-        ++samples;
-        elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      }
-      const double joules = nvml.Joules() - j0;
+      const EnergyReading r = BackToBack(nvml, stream, kSeconds, [&] { t.Launch(who, stream); });
       std::printf("energy %-22s %-6s %5d x %5d x %5d: %.3f ms, %.3f J a launch, %.0f W, %.0f MHz (%ld launches)\n",
-                  c.name, names[who], c.m, c.n, c.k, 1e3 * elapsed / launches, joules / launches, watts / samples,
-                  mhz / samples, launches);
+                  c.name, names[who], c.m, c.n, c.k, r.ms, r.joules, r.watts, r.mhz, r.launches);
       if (round > 0) {
-        ms_later[who] += 1e3 * elapsed / launches / (kRounds - 1);
-        joules_later[who] += joules / launches / (kRounds - 1);
+        ms_later[who] += r.ms / (kRounds - 1);
+        joules_later[who] += r.joules / (kRounds - 1);
       }
     }
   }
