@@ -561,6 +561,31 @@ __global__ void __launch_bounds__(kThreads, 1) BackwardKernel(const __grid_const
   uint8_t* my_staging = staging + consumer * kStagingBytes;
   const uint32_t k_address = SmemAddress(k_smem + consumer * (kBoxBytes / 2));
   const uint32_t v_address = SmemAddress(v_smem + consumer * (kBoxBytes / 2));
+  float dq[32];
+  // A step's dQ half (head, query tile i) onto its sums by a bulk reduction
+  // from the staging buffer, once the previous one has read it.
+  auto add_dq = [&](int head, int i) {
+    FenceRegisters(dq);
+    if (tid == 0) TmaStoreWaitRead<0>();
+    NamedBarrier(2 + consumer, 128);
+#pragma unroll
+    for (int g = 0; g < 8; ++g) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = 16 * warp + lane / 4 + 8 * r, col = 8 * g + 2 * (lane % 4);
+        *reinterpret_cast<float2*>(my_staging + (row * 64 + col) * 4) =
+            make_float2(dq[4 * g + 2 * r], dq[4 * g + 2 * r + 1]);
+      }
+    }
+    FenceAsyncShared();
+    NamedBarrier(2 + consumer, 128);
+    if (tid == 0) {
+      float* sums = maps.dq_sums + ((static_cast<int64_t>(batch) * maps.shape.heads + head) * maps.q64_tiles + i) *
+                                       kDqTileFloats + consumer * (kBackwardQ * 64);
+      BulkAddF32(sums, my_staging, kStagingBytes);
+      TmaStoreCommit();
+    }
+  };
   BarrierWait(kv_full, 0);
   for (int n = 0; n < steps; ++n) {
     const int s = n % kBackwardStages;
@@ -644,7 +669,6 @@ __global__ void __launch_bounds__(kThreads, 1) BackwardKernel(const __grid_const
     }
     WgmmaCommit();
     NamedBarrier(1, 256);  // both consumers' halves of dS^T written
-    float dq[32];
     const uint32_t ds_address = SmemAddress(ds);
     const uint32_t k_half = SmemAddress(k_smem + consumer * kBoxBytes);
 #pragma unroll
@@ -658,28 +682,7 @@ __global__ void __launch_bounds__(kThreads, 1) BackwardKernel(const __grid_const
     __syncwarp();
     if (lane == 0) BarrierArrive(&empty[s]);
     WgmmaWait<0>();
-    FenceRegisters(dq);
-
-    // dQ's half onto its sums: the previous step's reduction has read the staging buffer first.
-    if (tid == 0) TmaStoreWaitRead<0>();
-    NamedBarrier(2 + consumer, 128);
-#pragma unroll
-    for (int g = 0; g < 8; ++g) {
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int row = 16 * warp + lane / 4 + 8 * r, col = 8 * g + 2 * (lane % 4);
-        *reinterpret_cast<float2*>(my_staging + (row * 64 + col) * 4) =
-            make_float2(dq[4 * g + 2 * r], dq[4 * g + 2 * r + 1]);
-      }
-    }
-    FenceAsyncShared();
-    NamedBarrier(2 + consumer, 128);
-    if (tid == 0) {
-      float* sums = maps.dq_sums + ((static_cast<int64_t>(batch) * maps.shape.heads + head) * maps.q64_tiles + i) *
-                                       kDqTileFloats + consumer * (kBackwardQ * 64);
-      BulkAddF32(sums, my_staging, kStagingBytes);
-      TmaStoreCommit();
-    }
+    add_dq(head, i);
   }
 
   // dK (scaled) and dV, rounded to bf16 into the stages' room once both
