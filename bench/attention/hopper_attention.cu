@@ -12,6 +12,8 @@
 // tile's P V), HA_STAGES (the forward's ring of K and V tiles, 2 or 3),
 // HA_BACKWARD_OVERLAP=0 (the backward's P^T and dS^T after both S^T and dP^T,
 // as first built; default 1: under dP^T's and dV's products),
+// HA_BACKWARD_TILES_OUTER=0 (the backward's steps head by head, as first
+// built; default 1: query tiles outermost, from the last down),
 // HA_BACKWARD_STAGES (the backward's ring of Q and dO tiles, 2 or 3).
 //
 // check: the forward's O and log-sum-exp against a float32 reference computed

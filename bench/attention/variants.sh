@@ -10,8 +10,8 @@
 #
 # Environment (all optional):
 #   VARIANTS   space-separated NAME:FLAGS, FLAGS comma-separated -D options (empty: the defaults); default:
-#              the backward as first built (no overlap), with the overlap (the default), and with a third
-#              Q/dO stage
+#              the backward as first built (no overlap, head by head), with the overlap, with the overlap and
+#              the tiles outermost (the defaults), and that with a third Q/dO stage
 #   CUDNN      1 (default): also python3 bench/attention/attention_energy.py (cuDNN and flash, 3 rounds)
 #   CHECK_TIMEOUT_S=60 ENERGY_TIMEOUT_S=90   a hung variant is killed, the others still run
 #   OUT        logs go there (default /tmp/attention-variants); the summary lines are printed
@@ -20,7 +20,8 @@
 # backward and both: ms and joules a call, and joules a PFLOP (attention_energy.py's for cuDNN alike).
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
-variants=${VARIANTS:-"first:-DHA_BACKWARD_OVERLAP=0 overlap: stages3:-DHA_BACKWARD_STAGES=3"}
+variants=${VARIANTS:-"first:-DHA_BACKWARD_OVERLAP=0,-DHA_BACKWARD_TILES_OUTER=0 overlap:-DHA_BACKWARD_TILES_OUTER=0 \
+overlap-tiles: overlap-tiles-stages3:-DHA_BACKWARD_STAGES=3"}
 out=${OUT:-/tmp/attention-variants}
 bin=${BIN_DIR:-/tmp/attention-variants-bin}
 mkdir -p "$out" "$bin"

@@ -21,6 +21,13 @@
 // dV's does; 0 both products waited for first, then dV's and dK's issued together.
 #define HA_BACKWARD_OVERLAP 1
 #endif
+#ifndef HA_BACKWARD_TILES_OUTER
+// The backward's order of steps in a block: 1 query tiles from the last down,
+// the group's heads within each, so that the blocks of a kv head (every key
+// block) reach a tile at about the same time and read its Q and dO and add
+// onto its dQ sums while they are in L2; 0 head by head, tiles upwards.
+#define HA_BACKWARD_TILES_OUTER 1
+#endif
 #ifndef HA_BACKWARD_STAGES
 #define HA_BACKWARD_STAGES 2  // the backward's ring of Q and dO tiles (3 fits: 226 KB)
 #endif
@@ -456,9 +463,25 @@ __device__ __forceinline__ void BulkAddF32(float* global, const void* shared, in
                : "memory");
 }
 
+// The steps of a backward block in order (keys from query tile first_i on, a
+// kv head of `group` query heads): each step's query head hh of the group and
+// 64-row query tile i, advanced one step at a time (no division a step).
+struct BackwardSteps {
+  int hh, i;
+  __device__ __forceinline__ BackwardSteps(int first_i, int q64_tiles)
+      : hh(0), i(HA_BACKWARD_TILES_OUTER ? q64_tiles - 1 : first_i) {}
+  __device__ __forceinline__ void Next(int group, int first_i, int q64_tiles) {
+#if HA_BACKWARD_TILES_OUTER
+    if (++hh == group) hh = 0, --i;
+#else
+    if (++i == q64_tiles) i = first_i, ++hh;
+#endif
+  }
+};
+
 // A block for each (128 keys j, kv head, sequence): the producer loads K and
 // V once, then Q and dO of each step (query head hh of the group, query tile
-// i of 64 rows from the keys' first row on) into a two-stage ring. Consumer
+// i of 64 rows from the keys' first row on, in StepOf's order) into a ring. Consumer
 // c owns keys 64 c .. 64 c + 63 and accumulates their dK and dV over every
 // step in registers; a step:
 //   S^T = K_c Q_i^T, dP^T = V_c dO_i^T            (64 keys x 64 queries each)
@@ -488,8 +511,7 @@ __global__ void __launch_bounds__(kThreads, 1) BackwardKernel(const __grid_const
   const int batch = static_cast<int>(blockIdx.x) % per_tile / maps.shape.kv_heads;
   const int kv_head = static_cast<int>(blockIdx.x) % maps.shape.kv_heads;
   const int first_i = j * (kBlockKv / kBackwardQ);
-  const int per_head = maps.q64_tiles - first_i;
-  const int steps = maps.shape.group * per_head;
+  const int steps = maps.shape.group * (maps.q64_tiles - first_i);
 
   const int warpgroup = threadIdx.x / 128;
   const int tid = threadIdx.x % 128;
@@ -509,9 +531,10 @@ __global__ void __launch_bounds__(kThreads, 1) BackwardKernel(const __grid_const
       // Warp 1: each step's 64 log-sum-exps and D values into the stage
       // (0 past the sequence), two of each a lane.
       const int lane = tid - 32;
-      for (int n = 0; n < steps; ++n) {
+      BackwardSteps step(first_i, maps.q64_tiles);
+      for (int n = 0; n < steps; ++n, step.Next(maps.shape.group, first_i, maps.q64_tiles)) {
         const int s = n % kBackwardStages;
-        const int head = kv_head * maps.shape.group + n / per_head, i = first_i + n % per_head;
+        const int head = kv_head * maps.shape.group + step.hh, i = step.i;
         const int64_t base = (static_cast<int64_t>(batch) * maps.shape.heads + head) * maps.shape.seq;
         float lse[2], dot[2];
         for (int e = 0; e < 2; ++e) {
@@ -534,9 +557,10 @@ __global__ void __launch_bounds__(kThreads, 1) BackwardKernel(const __grid_const
       TmaLoad3(k_smem + db * kBoxBytes, &maps.k, col, j * kBlockKv, batch, kv_full);
       TmaLoad3(v_smem + db * kBoxBytes, &maps.v, col, j * kBlockKv, batch, kv_full);
     }
-    for (int n = 0; n < steps; ++n) {
+    BackwardSteps step(first_i, maps.q64_tiles);
+    for (int n = 0; n < steps; ++n, step.Next(maps.shape.group, first_i, maps.q64_tiles)) {
       const int s = n % kBackwardStages;
-      const int head = kv_head * maps.shape.group + n / per_head, i = first_i + n % per_head;
+      const int head = kv_head * maps.shape.group + step.hh, i = step.i;
       BarrierWait(&empty[s], ((n / kBackwardStages) & 1) ^ 1);
       BarrierExpectBytes(&full[s], 2 * kQ64Bytes);
       uint8_t* q = stages + s * 2 * kQ64Bytes;
@@ -587,9 +611,10 @@ __global__ void __launch_bounds__(kThreads, 1) BackwardKernel(const __grid_const
     }
   };
   BarrierWait(kv_full, 0);
-  for (int n = 0; n < steps; ++n) {
+  BackwardSteps step(first_i, maps.q64_tiles);
+  for (int n = 0; n < steps; ++n, step.Next(maps.shape.group, first_i, maps.q64_tiles)) {
     const int s = n % kBackwardStages;
-    const int head = kv_head * maps.shape.group + n / per_head, i = first_i + n % per_head;
+    const int head = kv_head * maps.shape.group + step.hh, i = step.i;
     const int query0 = i * kBackwardQ + 2 * (lane % 4);
     BarrierWait(&full[s], (n / kBackwardStages) & 1);
     uint8_t* q_stage = stages + s * 2 * kQ64Bytes;
