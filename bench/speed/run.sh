@@ -365,7 +365,8 @@ for r in $rows; do
         # Passes in the Hopper GEMM's epilogues (engine/epilogue_gemm.h; on by default for bf16 on a Hopper GPU): the
         # table says how many products the GEMM took in the first step (the worker's note; it declines shapes
         # it does not suit).
-        taken=$(grep -o 'TRAINERD_HOPPER_[A-Z]*=[0-9]\(, TRAINERD_HOPPER_[A-Z]*=[0-9]\)*: the first step ran .* of the Hopper GEMM' "$base.log" |
+        setting='TRAINERD_HOPPER_[A-Z]*=[0-9]\( (the default here)\)\?'
+        taken=$(grep -o "$setting\(, $setting\)*: the first step ran .* of the Hopper GEMM" "$base.log" |
                 head -1 | sed 's/: the first step ran \(.*\) of the Hopper GEMM/ (first step: \1 on it)/')
         [ -n "$taken" ] && settings="$settings; $taken"
         if [ "${TRAINERD_HOPPER_ATTENTION:-0}" = 1 ]; then
