@@ -12,7 +12,7 @@
 #   VARIANTS   space-separated NAME:FLAGS, FLAGS comma-separated -D options (empty: the defaults); default:
 #              the backward as first built (no overlap, head by head), with the overlap, with the overlap and
 #              the tiles outermost (the defaults), and that with a third Q/dO stage
-#   CUDNN      1 (default): also python3 bench/attention/attention_energy.py (cuDNN and flash, 3 rounds)
+#   CUDNN      1 (default): also python3 bench/attention/attention_energy.py (cuDNN and flash, 3 rounds of 2 s)
 #   CHECK_TIMEOUT_S=60 ENERGY_TIMEOUT_S=90   a hung variant is killed, the others still run
 #   OUT        logs go there (default /tmp/attention-variants); the summary lines are printed
 #   BIN_DIR    the variants' binaries (default /tmp/attention-variants-bin: not among the logs)
@@ -65,7 +65,7 @@ done
 
 if [ "${CUDNN:-1}" = 1 ]; then
   echo "== cuDNN and flash (attention_energy.py)"
-  timeout "${ENERGY_TIMEOUT_S:-90}" python3 bench/attention/attention_energy.py --rounds 3 > "$out/cudnn.energy.log" 2>&1
+  timeout "${ENERGY_TIMEOUT_S:-90}" python3 bench/attention/attention_energy.py --rounds 3 --seconds 2 > "$out/cudnn.energy.log" 2>&1
   echo "rc $?"
   later_rounds "$out/cudnn.energy.log"
 fi
