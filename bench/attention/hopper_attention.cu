@@ -466,7 +466,8 @@ void Energy(const Case& c, const Nvml& nvml) {
       const char* name;
       double flops;
       int which;  // 1 forward, 2 backward, 3 both
-    } sides[] = {{"ours forward", flops, 1}, {"ours backward", 2.5 * flops, 2}, {"ours forward+backward", 3.5 * flops, 3}};
+    } sides[] = {
+        {"ours forward", flops, 1}, {"ours backward", 2.5 * flops, 2}, {"ours forward+backward", 3.5 * flops, 3}};
     constexpr double kSeconds = 3.0;
     constexpr int kRounds = 3;
     std::printf("energy %s: %.1f s a case, %d rounds\n", c.name, kSeconds, kRounds);

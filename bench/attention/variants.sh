@@ -32,12 +32,17 @@ sources=(bench/attention/hopper_attention.cu engine/kernels/hopper_attention.cu 
 later_rounds() {
   awk '$1 == "round" && $2 > 0 {
          name = ""; for (f = 3; f <= NF && $f !~ /^[0-9.]+$/; ++f) name = name (name == "" ? "" : " ") $f
-         for (g = f; g <= NF; ++g) { if ($g == "ms") ms = $(g - 1); if ($g == "J") j = $(g - 1); if ($g == "J/PFLOP") jp = $(g - 1) }
+         for (g = f; g <= NF; ++g) {
+           if ($g == "ms") ms = $(g - 1)
+           if ($g == "J") j = $(g - 1)
+           if ($g == "J/PFLOP") jp = $(g - 1)
+         }
          if (!(name in n)) order[++count] = name
          n[name]++; sms[name] += ms; sj[name] += j; sjp[name] += jp
        }
        END { for (c = 1; c <= count; ++c) { k = order[c]
-               printf "  %-26s %8.3f ms %8.4f J %6.3f J/PFLOP (rounds 1..%d)\n", k, sms[k] / n[k], sj[k] / n[k], sjp[k] / n[k], n[k] } }' "$1"
+               printf "  %-26s %8.3f ms %8.4f J %6.3f J/PFLOP (rounds 1..%d)\n",
+                      k, sms[k] / n[k], sj[k] / n[k], sjp[k] / n[k], n[k] } }' "$1"
 }
 
 echo "== building: $variants"
@@ -65,7 +70,8 @@ done
 
 if [ "${CUDNN:-1}" = 1 ]; then
   echo "== cuDNN and flash (attention_energy.py)"
-  timeout "${ENERGY_TIMEOUT_S:-90}" python3 bench/attention/attention_energy.py --rounds 3 --seconds 2 > "$out/cudnn.energy.log" 2>&1
+  timeout "${ENERGY_TIMEOUT_S:-90}" python3 bench/attention/attention_energy.py --rounds 3 --seconds 2 \
+    > "$out/cudnn.energy.log" 2>&1
   echo "rc $?"
   later_rounds "$out/cudnn.energy.log"
 fi

@@ -23,9 +23,9 @@
 #endif
 #ifndef HA_BACKWARD_TILES_OUTER
 // The backward's order of steps in a block: 1 query tiles from the last down,
-// the group's heads within each, so that the blocks of a kv head (every key
-// block) reach a tile at about the same time and read its Q and dO and add
-// onto its dQ sums while they are in L2; 0 head by head, tiles upwards.
+// the group's heads within each, so that key blocks of a kv head running at
+// the same time reach a tile together and read its Q and dO and add onto its
+// dQ sums while they are in L2; 0 head by head, tiles upwards.
 #define HA_BACKWARD_TILES_OUTER 1
 #endif
 #ifndef HA_BACKWARD_STAGES
@@ -481,9 +481,9 @@ struct BackwardSteps {
 
 // A block for each (128 keys j, kv head, sequence): the producer loads K and
 // V once, then Q and dO of each step (query head hh of the group, query tile
-// i of 64 rows from the keys' first row on, in StepOf's order) into a ring. Consumer
-// c owns keys 64 c .. 64 c + 63 and accumulates their dK and dV over every
-// step in registers; a step:
+// i of 64 rows from the keys' first row on, in BackwardSteps' order) into a
+// ring. Consumer c owns keys 64 c .. 64 c + 63 and accumulates their dK and
+// dV over every step in registers; a step:
 //   S^T = K_c Q_i^T, dP^T = V_c dO_i^T            (64 keys x 64 queries each)
 //   P^T = 2^(scale_log2 S^T - lse_i log2 e) (0 past the diagonal or the sequence),
 //   dS^T = P^T (dP^T - D_i)
