@@ -6,10 +6,12 @@
 //   /tmp/hopper_attention            # every check, then every timing
 //   /tmp/hopper_attention check | time [NAME PART]
 //   /tmp/hopper_attention energy [NAME PART]   # joules a launch at the power cap (NVML;
-//     default the 8b shape); beside python3 bench/attention/attention_energy.py's cuDNN
+//     default the 8b shape; ENERGY_SECONDS a case, ENERGY_ROUNDS rounds, 3 and 3 unless
+//     set); beside python3 bench/attention/attention_energy.py's cuDNN
 // The kernel's compile-time knobs (-D; engine/kernels/hopper_attention.cu)
 // build variants: HA_OVERLAP=1 (the forward's softmax under the previous
-// tile's P V), HA_STAGES (the forward's ring of K and V tiles, 2 or 3),
+// tile's P V), HA_PINGPONG=1 (the forward's consumers take turns), HA_STAGES
+// (the forward's ring of K and V tiles, 2 or 3),
 // HA_BACKWARD_OVERLAP=0 (the backward's P^T and dS^T after both S^T and dP^T,
 // as first built; default 1: under dP^T's and dV's products),
 // HA_BACKWARD_TILES_OUTER=0 (the backward's steps head by head, as first
@@ -468,12 +470,15 @@ void Energy(const Case& c, const Nvml& nvml) {
       int which;  // 1 forward, 2 backward, 3 both
     } sides[] = {
         {"ours forward", flops, 1}, {"ours backward", 2.5 * flops, 2}, {"ours forward+backward", 3.5 * flops, 3}};
-    constexpr double kSeconds = 3.0;
-    constexpr int kRounds = 3;
-    std::printf("energy %s: %.1f s a case, %d rounds\n", c.name, kSeconds, kRounds);
-    for (int round = 0; round < kRounds; ++round) {
+    // ENERGY_SECONDS (default 3) a case, ENERGY_ROUNDS (default 3) rounds.
+    const char* seconds_env = std::getenv("ENERGY_SECONDS");
+    const char* rounds_env = std::getenv("ENERGY_ROUNDS");
+    const double seconds = seconds_env != nullptr ? std::max(0.1, std::atof(seconds_env)) : 3.0;
+    const int rounds = rounds_env != nullptr ? std::max(1, std::atoi(rounds_env)) : 3;
+    std::printf("energy %s: %.1f s a case, %d rounds\n", c.name, seconds, rounds);
+    for (int round = 0; round < rounds; ++round) {
       for (const auto& side : sides) {
-        const EnergyReading r = BackToBack(nvml, stream, kSeconds, [&] {
+        const EnergyReading r = BackToBack(nvml, stream, seconds, [&] {
           if (side.which & 1) (void)forward();
           if (side.which & 2) (void)backward();
         });

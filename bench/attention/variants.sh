@@ -11,7 +11,9 @@
 # Environment (all optional):
 #   VARIANTS   space-separated NAME:FLAGS, FLAGS comma-separated -D options (empty: the defaults); default:
 #              the backward as first built (no overlap, head by head), with the overlap, with the overlap and
-#              the tiles outermost (the defaults), and that with a third Q/dO stage
+#              the tiles outermost (the defaults), and that with a third Q/dO stage; then the forward with its
+#              overlap within a warpgroup, with ping-pong between the warpgroups, and with both
+#   ENERGY_SECONDS=2 ENERGY_ROUNDS=2   each variant's energy mode (the harness's defaults are 3 and 3)
 #   CUDNN      1 (default): also python3 bench/attention/attention_energy.py (cuDNN and flash, 3 rounds of 2 s)
 #   CHECK_TIMEOUT_S=60 ENERGY_TIMEOUT_S=90   a hung variant is killed, the others still run
 #   OUT        logs go there (default /tmp/attention-variants); the summary lines are printed
@@ -21,7 +23,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 variants=${VARIANTS:-"first:-DHA_BACKWARD_OVERLAP=0,-DHA_BACKWARD_TILES_OUTER=0 overlap:-DHA_BACKWARD_TILES_OUTER=0 \
-overlap-tiles: overlap-tiles-stages3:-DHA_BACKWARD_STAGES=3"}
+overlap-tiles: overlap-tiles-stages3:-DHA_BACKWARD_STAGES=3 forward-overlap:-DHA_OVERLAP=1 \
+forward-pingpong:-DHA_PINGPONG=1 forward-both:-DHA_OVERLAP=1,-DHA_PINGPONG=1"}
 out=${OUT:-/tmp/attention-variants}
 bin=${BIN_DIR:-/tmp/attention-variants-bin}
 mkdir -p "$out" "$bin"
@@ -63,7 +66,8 @@ for v in $variants; do
   echo "check rc $rc: $(tail -1 "$out/$name.check.log")"
   [ "$rc" = 0 ] || { grep -iE "fail|error" "$out/$name.check.log" | head -5; continue; }
   timeout 30 "$bin/$name" time "8b:" 2>&1 | tee "$out/$name.time.log" | sed 's/^/  /'
-  timeout "${ENERGY_TIMEOUT_S:-90}" "$bin/$name" energy > "$out/$name.energy.log" 2>&1
+  ENERGY_SECONDS=${ENERGY_SECONDS:-2} ENERGY_ROUNDS=${ENERGY_ROUNDS:-2} timeout "${ENERGY_TIMEOUT_S:-90}" \
+    "$bin/$name" energy > "$out/$name.energy.log" 2>&1
   echo "energy rc $?"
   later_rounds "$out/$name.energy.log"
 done

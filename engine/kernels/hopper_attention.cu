@@ -16,6 +16,12 @@
 // P V runs (FlashAttention-3's overlap within a warpgroup); 0 one after the other.
 #define HA_OVERLAP 0
 #endif
+#ifndef HA_PINGPONG
+// The forward: 1 the two consumer warpgroups take turns to issue their
+// products (FlashAttention-3's ping-pong: one's softmax runs under the
+// other's products); 0 each issues when it is ready.
+#define HA_PINGPONG 0
+#endif
 #ifndef HA_BACKWARD_OVERLAP
 // The backward: 1 P^T is computed while dP^T's product runs, and dS^T while
 // dV's does; 0 both products waited for first, then dV's and dK's issued together.
@@ -305,44 +311,78 @@ __global__ void __launch_bounds__(kThreads, 1) ForwardKernel(const __grid_consta
   };
   auto wait_tile = [&](int j) { BarrierWait(&full[j % kStages], (j / kStages) & 1); };
 
+  // Ping-pong (HA_PINGPONG): consumer c issues its products between
+  // NamedBarrier 3 + c (its turn) and an arrival on the other's; consumer 1
+  // lets consumer 0 go first, and consumer 0 takes the last turn back at the end.
+  auto turn = [&] {
+    if (HA_PINGPONG) NamedBarrier(3 + consumer, 256);
+  };
+  auto pass_turn = [&] {
+    if (HA_PINGPONG) NamedBarrierArrive(3 + (1 - consumer), 256);
+  };
+  if (HA_PINGPONG && consumer == 1) NamedBarrierArrive(3, 256);
+
   float sc[64], correction[2];
   uint32_t p[32];
 #if HA_OVERLAP
   // FlashAttention-3's overlap within a warpgroup: tile j's scores are
   // computed while tile j - 1's P V runs, and its softmax before that
-  // product is waited for; O is rescaled after.
-  wait_tile(0);
-  issue_scores(sc, 0);
-  WgmmaWait<0>();
-  softmax(sc, 0, p, correction);
-  for (int j = 1; j < kv_tiles; ++j) {
+  // product is waited for; O is rescaled after. P alternates between two
+  // buffers (steps unrolled by two): written into the one that the running
+  // P V does not read, never copied, which ptxas would otherwise fold into
+  // one set of registers and serialise the wgmma over (C7513).
+  uint32_t p_other[32];
+  auto step = [&](int j, const uint32_t (&previous)[32], uint32_t (&next)[32]) {
     wait_tile(j);
+    turn();
     issue_scores(sc, j);
-    issue_values(p, j - 1);
+    issue_values(previous, j - 1);
+    pass_turn();
     WgmmaWait<1>();  // tile j's scores (committed first)
-    uint32_t next[32];
     softmax(sc, j, next, correction);
     WgmmaWait<0>();  // tile j - 1's P V
     release(j - 1);
     rescale(correction);
-#pragma unroll
-    for (int i = 0; i < 32; ++i) p[i] = next[i];
+  };
+  wait_tile(0);
+  turn();
+  issue_scores(sc, 0);
+  pass_turn();
+  WgmmaWait<0>();
+  softmax(sc, 0, p, correction);
+  int j = 1;
+  for (; j + 1 < kv_tiles; j += 2) {
+    step(j, p, p_other);
+    step(j + 1, p_other, p);
   }
-  issue_values(p, kv_tiles - 1);
+  const bool last_in_other = j < kv_tiles;
+  if (last_in_other) step(j, p, p_other);
+  turn();
+  if (last_in_other) {
+    issue_values(p_other, kv_tiles - 1);
+  } else {
+    issue_values(p, kv_tiles - 1);
+  }
+  pass_turn();
   WgmmaWait<0>();
   release(kv_tiles - 1);
 #else
   for (int j = 0; j < kv_tiles; ++j) {
     wait_tile(j);
+    turn();
     issue_scores(sc, j);
+    pass_turn();
     WgmmaWait<0>();
     softmax(sc, j, p, correction);
     rescale(correction);
+    turn();
     issue_values(p, j);
+    pass_turn();
     WgmmaWait<0>();
     release(j);
   }
 #endif
+  if (HA_PINGPONG && consumer == 0) NamedBarrier(3, 256);  // consumer 1's last arrival
 
   // O / l, rounded to bf16 over this warpgroup's own rows of Q (its reads of
   // Q are done), then stored by TMA; the log-sum-exp beside it.
