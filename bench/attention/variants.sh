@@ -10,9 +10,9 @@
 #
 # Environment (all optional):
 #   VARIANTS   space-separated NAME:FLAGS, FLAGS comma-separated -D options (empty: the defaults); default:
-#              the backward as first built (no overlap, head by head), with the overlap, with the overlap and
-#              the tiles outermost (the defaults), and that with a third Q/dO stage; then the forward with its
-#              overlap within a warpgroup, with ping-pong between the warpgroups, and with both
+#              the backward without its overlap, head by head (its first schedule), with the overlap, with the
+#              overlap and the tiles outermost (the defaults), and that with a third Q/dO stage; then the forward
+#              with its overlap within a warpgroup, with ping-pong between the warpgroups, and with both
 #   ENERGY_SECONDS=2 ENERGY_ROUNDS=2   each variant's energy mode (the harness's defaults are 3 and 3)
 #   CUDNN      1 (default): also python3 bench/attention/attention_energy.py (cuDNN and flash, 3 rounds of 2 s)
 #   CHECK_TIMEOUT_S=60 ENERGY_TIMEOUT_S=90   a hung variant is killed, the others still run

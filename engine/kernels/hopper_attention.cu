@@ -473,6 +473,22 @@ __global__ void DotKernel(const __nv_bfloat16* __restrict__ grad_o, int64_t grad
   }
 }
 
+// Where element (row, col) of a consumer's 64 x 64 half of a step's dQ sits
+// in its float32 sums (and in the staging buffer they are reduced from): in
+// the consumers' register order, so that their staging stores are whole
+// 256-byte rows of shared memory (row-major, 8 rows of a warp's store fell on
+// the same banks). Accumulator slot k = 2 g + r of thread tid = 32 warp + lane
+// holds row 16 warp + lane / 4 + 8 r, columns 8 g + 2 (lane % 4) + {0, 1},
+// stored as float2 number k * 128 + tid; columns 8 g .. 8 g + 7 of a row are
+// then 8 consecutive floats.
+__host__ __device__ constexpr int DqHalfOffset(int row, int col) {
+  return ((2 * (col / 8) + (row % 16) / 8) * 128 + 32 * (row / 16) + 4 * (row % 8) + (col % 8) / 2) * 2 + col % 2;
+}
+static_assert(DqHalfOffset(0, 0) == 0 && DqHalfOffset(0, 1) == 1 && DqHalfOffset(0, 2) == 2 &&
+                  DqHalfOffset(0, 7) == 7 && DqHalfOffset(8, 0) == 256 && DqHalfOffset(1, 0) == 8 &&
+                  DqHalfOffset(16, 0) == 64 && DqHalfOffset(63, 63) == 4095,
+              "the dQ half's layout");
+
 // dQ = scale * its float32 sums, rounded to bf16 into q's layout: 8 columns a thread.
 __global__ void DqKernel(const float* __restrict__ dq_sums, __nv_bfloat16* __restrict__ grad_q, int64_t grad_q_stride,
                          int seq, int heads, int q64_tiles, float scale, int64_t units) {
@@ -484,7 +500,7 @@ __global__ void DqKernel(const float* __restrict__ dq_sums, __nv_bfloat16* __res
   const int64_t b = token / seq;
   const int t = static_cast<int>(token % seq);
   const float* sums = dq_sums + ((b * heads + head) * q64_tiles + t / kBackwardQ) * kDqTileFloats +
-                      (col / 64) * (kBackwardQ * 64) + (t % kBackwardQ) * 64 + col % 64;
+                      (col / 64) * (kBackwardQ * 64) + DqHalfOffset(t % kBackwardQ, col % 64);
   const float4 lo = *reinterpret_cast<const float4*>(sums);
   const float4 hi = *reinterpret_cast<const float4*>(sums + 4);
   uint4 out;
@@ -633,13 +649,8 @@ __global__ void __launch_bounds__(kThreads, 1) BackwardKernel(const __grid_const
     if (tid == 0) TmaStoreWaitRead<0>();
     NamedBarrier(2 + consumer, 128);
 #pragma unroll
-    for (int g = 0; g < 8; ++g) {
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int row = 16 * warp + lane / 4 + 8 * r, col = 8 * g + 2 * (lane % 4);
-        *reinterpret_cast<float2*>(my_staging + (row * 64 + col) * 4) =
-            make_float2(dq[4 * g + 2 * r], dq[4 * g + 2 * r + 1]);
-      }
+    for (int k = 0; k < 16; ++k) {  // slot k = 2 g + r: DqHalfOffset's order
+      *reinterpret_cast<float2*>(my_staging + (k * 128 + tid) * 8) = make_float2(dq[2 * k], dq[2 * k + 1]);
     }
     FenceAsyncShared();
     NamedBarrier(2 + consumer, 128);
