@@ -445,29 +445,32 @@ struct BackwardMaps {
   int q64_tiles;
 };
 
-// D = dO.O for each (token, head): a warp a pair, four elements a lane.
+// D = dO.O for each (token, head): 16 lanes a pair (two a warp), eight
+// elements (16 bytes of each operand) a lane.
 __global__ void DotKernel(const __nv_bfloat16* __restrict__ grad_o, int64_t grad_o_stride,
                           const __nv_bfloat16* __restrict__ o, int64_t o_stride, float* __restrict__ dot, int seq,
                           int heads, int64_t pairs) {
-  const int64_t pair = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-  const int lane = threadIdx.x % 32;
-  if (pair >= pairs) return;
+  const int64_t pair = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 16;
+  const int lane = threadIdx.x % 16;
+  const bool valid = pair < pairs;  // the whole warp stays for the shuffles
   const int64_t token = pair / heads;
   const int head = static_cast<int>(pair % heads);
-  const int64_t column = head * kHeadDim + lane * 4;
-  const uint2 a = *reinterpret_cast<const uint2*>(grad_o + token * grad_o_stride + column);
-  const uint2 b = *reinterpret_cast<const uint2*>(o + token * o_stride + column);
-  const auto* a2 = reinterpret_cast<const __nv_bfloat162*>(&a);
-  const auto* b2 = reinterpret_cast<const __nv_bfloat162*>(&b);
   float sum = 0.f;
+  if (valid) {
+    const int64_t column = head * kHeadDim + lane * 8;
+    const uint4 a = __ldg(reinterpret_cast<const uint4*>(grad_o + token * grad_o_stride + column));
+    const uint4 b = __ldg(reinterpret_cast<const uint4*>(o + token * o_stride + column));
+    const auto* a2 = reinterpret_cast<const __nv_bfloat162*>(&a);
+    const auto* b2 = reinterpret_cast<const __nv_bfloat162*>(&b);
 #pragma unroll
-  for (int e = 0; e < 2; ++e) {
-    const float2 x = __bfloat1622float2(a2[e]), y = __bfloat1622float2(b2[e]);
-    sum += x.x * y.x + x.y * y.y;
+    for (int e = 0; e < 4; ++e) {
+      const float2 x = __bfloat1622float2(a2[e]), y = __bfloat1622float2(b2[e]);
+      sum += x.x * y.x + x.y * y.y;
+    }
   }
 #pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffff, sum, offset);
-  if (lane == 0) {
+  for (int offset = 8; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffff, sum, offset);  // within a half
+  if (valid && lane == 0) {
     const int64_t b_index = token / seq, t = token % seq;
     dot[(b_index * heads + head) * seq + t] = sum;
   }
@@ -888,7 +891,7 @@ std::string HopperAttentionBackward(const HopperAttentionGradientOperands& g, vo
 
   if (cudaMemsetAsync(workspace, 0, sums * 4, s) != cudaSuccess) return Launched("zeroing dQ's sums");
   const int64_t pairs = a.batch * a.seq * a.heads;
-  DotKernel<<<static_cast<unsigned>((pairs * 32 + 255) / 256), 256, 0, s>>>(
+  DotKernel<<<static_cast<unsigned>((pairs * 16 + 255) / 256), 256, 0, s>>>(
       static_cast<const __nv_bfloat16*>(g.grad_o), g.grad_o_stride, static_cast<const __nv_bfloat16*>(a.o),
       a.o_stride, workspace + sums, maps.shape.seq, maps.shape.heads, pairs);
   why = Launched("dO.O's launch");
