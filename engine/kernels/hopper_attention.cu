@@ -248,14 +248,13 @@ __global__ void __launch_bounds__(kThreads, 1) ForwardKernel(const __grid_consta
     }
     WgmmaCommit();
   };
-  // The online softmax of tile j's scores: scaled (log2 units), the keys
-  // past each row masked on the diagonal tile (which covers a last tile's
-  // keys past the sequence, TMA's zeros, for every row that is stored; the
-  // rows past the sequence are not); the rows' new maxima and sums, P in bf16
-  // pairs (p[2 i + r]: group i, row half r) and the factor O must be scaled by.
+  // The online softmax of tile j's scores (scaled to log2 units inside the
+  // exponent's FMA; the maxima kept in those units), the keys past each row
+  // masked on the diagonal tile (which covers a last tile's keys past the
+  // sequence, TMA's zeros, for every row that is stored; the rows past the
+  // sequence are not); the rows' new maxima and sums, P in bf16 pairs
+  // (p[2 i + r]: group i, row half r) and the factor O must be scaled by.
   auto softmax = [&](float (&sc)[64], int j, uint32_t (&p)[32], float (&correction)[2]) {
-#pragma unroll
-    for (int i = 0; i < 64; ++i) sc[i] *= maps.shape.scale_log2;
     if (j == q_tile) {
       const int key0 = j * kBlockKv + 2 * (lane % 4);
 #pragma unroll
@@ -268,22 +267,25 @@ __global__ void __launch_bounds__(kThreads, 1) ForwardKernel(const __grid_consta
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      float m = row_max[r];
+      // The maximum of the raw scores, scaled once (the scale is positive).
+      float m = -INFINITY;
 #pragma unroll
       for (int i = 0; i < 16; ++i) m = fmaxf(m, fmaxf(sc[4 * i + 2 * r], sc[4 * i + 2 * r + 1]));
       m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 1));
       m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 2));
-      // Key 0 is every row's, so m is finite from the first tile on.
+      // Key 0 is every row's, so the maximum is finite from the first tile on.
+      m = fmaxf(row_max[r], m * maps.shape.scale_log2);
       correction[r] = Exp2(row_max[r] - m);
       row_max[r] = m;
       row_sum[r] *= correction[r];
     }
+    // 2^(scale_log2 s - max): one FMA an element (masked: -inf, so 0).
 #pragma unroll
     for (int i = 0; i < 16; ++i) {
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const float a = Exp2(sc[4 * i + 2 * r] - row_max[r]);
-        const float b = Exp2(sc[4 * i + 2 * r + 1] - row_max[r]);
+        const float a = Exp2(fmaf(sc[4 * i + 2 * r], maps.shape.scale_log2, -row_max[r]));
+        const float b = Exp2(fmaf(sc[4 * i + 2 * r + 1], maps.shape.scale_log2, -row_max[r]));
         row_sum[r] += a + b;
         p[2 * i + r] = PackBf16(a, b);
       }
