@@ -28,7 +28,7 @@ forward-pingpong:-DHA_PINGPONG=1 forward-both:-DHA_OVERLAP=1,-DHA_PINGPONG=1"}
 out=${OUT:-/tmp/attention-variants}
 bin=${BIN_DIR:-/tmp/attention-variants-bin}
 mkdir -p "$out" "$bin"
-nvcc_flags=(-O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -lineinfo -I.)
+nvcc_flags=(-O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -lineinfo -I. -Xptxas -v)
 sources=(bench/attention/hopper_attention.cu engine/kernels/hopper_attention.cu -ldl)
 
 # The later rounds' mean of each case in an energy log (lines "round R  NAME ... MS ms J J ... X J/PFLOP").
@@ -61,6 +61,13 @@ for v in $variants; do
   name=${v%%:*}
   [ -x "$bin/$name" ] || continue
   echo "== $name (${v#*:})"
+  # ptxas's word on serialised wgmma (C7512-C7514: the products wait for each other) and on spills.
+  grep -o "(C75[0-9]*) Potential Performance Loss: wgmma[^']*" "$out/$name.build.log" | sort -u | sed 's/^/  ptxas: /'
+  awk '/Compiling entry function/ {
+         kernel = ($0 ~ /ForwardKernel/) ? "forward" : ($0 ~ /BackwardKernel/) ? "backward" : ""
+       }
+       /spill stores/ && kernel != "" { printf "  ptxas: the %s kernel spills %s bytes\n", kernel, $5; kernel = "" }' \
+    "$out/$name.build.log"
   timeout "${CHECK_TIMEOUT_S:-60}" "$bin/$name" check > "$out/$name.check.log" 2>&1
   rc=$?
   echo "check rc $rc: $(tail -1 "$out/$name.check.log")"
