@@ -22,6 +22,7 @@
 # backward and both: ms and joules a call, and joules a PFLOP (attention_energy.py's for cuDNN alike).
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
+. bench/build_variants.sh
 variants=${VARIANTS:-"first:-DHA_BACKWARD_OVERLAP=0,-DHA_BACKWARD_TILES_OUTER=0 overlap:-DHA_BACKWARD_TILES_OUTER=0 \
 overlap-tiles: overlap-tiles-stages3:-DHA_BACKWARD_STAGES=3 forward-overlap:-DHA_OVERLAP=1 \
 forward-pingpong:-DHA_PINGPONG=1 forward-both:-DHA_OVERLAP=1,-DHA_PINGPONG=1"}
@@ -48,14 +49,7 @@ later_rounds() {
                       k, sms[k] / n[k], sj[k] / n[k], sjp[k] / n[k], n[k] } }' "$1"
 }
 
-echo "== building: $variants"
-for v in $variants; do
-  name=${v%%:*}
-  IFS=, read -r -a defines <<< "${v#*:}"
-  (nvcc "${nvcc_flags[@]}" "${defines[@]}" -o "$bin/$name" "${sources[@]}" > "$out/$name.build.log" 2>&1 ||
-    echo "error: $name did not build (see $out/$name.build.log)") &
-done
-wait
+build_variants "$variants"
 
 for v in $variants; do
   name=${v%%:*}

@@ -17,6 +17,7 @@
 #   BIN_DIR    the variants' binaries (default /tmp/gemm-variants-bin: not among the logs)
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
+. bench/build_variants.sh
 variants=${VARIANTS:-"units2-accurate:-DHG_BACKWARD_UNITS=2,-DHG_FAST_SILU=0 units4: \
 units4-prefetch:-DHG_BACKWARD_PREFETCH=1 tma:-DHG_BACKWARD_TMA=1 tma-prefetch:-DHG_BACKWARD_TMA=1,-DHG_BACKWARD_PREFETCH=1"}
 cases=${CASES:-"dh of down with SwiGLU backward (W^T)"}
@@ -26,14 +27,7 @@ mkdir -p "$out" "$bin"
 nvcc_flags=(-O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -lineinfo -I.)
 sources=(bench/gemm/hopper_gemm.cu engine/kernels/hopper_gemm.cu -lcublas -ldl)
 
-echo "== building: $variants"
-for v in $variants; do
-  name=${v%%:*}
-  IFS=, read -r -a defines <<< "${v#*:}"
-  (nvcc "${nvcc_flags[@]}" "${defines[@]}" -o "$bin/$name" "${sources[@]}" > "$out/$name.build.log" 2>&1 ||
-    echo "error: $name did not build (see $out/$name.build.log)") &
-done
-wait
+build_variants "$variants"
 
 IFS=';' read -r -a case_list <<< "$cases"
 for v in $variants; do

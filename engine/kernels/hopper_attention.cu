@@ -427,7 +427,7 @@ constexpr int kDsBytes = kBlockKv * kBackwardQ * 2;  // 16 KB: dS^T of a step, k
 constexpr int kDqTileFloats = kBackwardQ * kHeadDim;  // a step's dQ sums: 8,192 floats
 constexpr int kStagingBytes = kBackwardQ * 64 * 4;   // 16 KB: a consumer's dQ half, float32
 constexpr int kRowBytes = kBackwardStages * 2 * kBackwardQ * 4;  // each stage's 64 log-sum-exps and D values: 1 KB
-// K and V (32 KB each), two stages of Q and dO, dS^T twice, each consumer's
+// K and V (32 KB each), the stages of Q and dO, dS^T twice, each consumer's
 // dQ staging, the stages' log-sum-exps and D values, barriers.
 constexpr int kBackwardSmemBytes = 2 * kKBytes + kBackwardStages * 2 * kQ64Bytes + 2 * kDsBytes + 2 * kStagingBytes +
                                    kRowBytes + (2 * kBackwardStages + 1) * 8 + 1024;
