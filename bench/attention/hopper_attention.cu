@@ -9,13 +9,7 @@
 //     default the 8b shape; ENERGY_SECONDS a case, ENERGY_ROUNDS rounds, 3 and 3 unless
 //     set); beside python3 bench/attention/attention_energy.py's cuDNN
 // The kernel's compile-time knobs (-D; engine/kernels/hopper_attention.cu)
-// build variants: HA_OVERLAP=1 (the forward's softmax under the previous
-// tile's P V), HA_PINGPONG=1 (the forward's consumers take turns), HA_STAGES
-// (the forward's ring of K and V tiles, 2 or 3),
-// HA_BACKWARD_OVERLAP=0 (the backward's P^T and dS^T after both S^T and dP^T,
-// as first built; default 1: under dP^T's and dV's products),
-// HA_BACKWARD_TILES_OUTER=0 (the backward's steps head by head, as first
-// built; default 1: query tiles outermost, from the last down),
+// build variants: HA_STAGES (the forward's ring of K and V tiles, 2 or 3),
 // HA_BACKWARD_STAGES (the backward's ring of Q and dO tiles, 2 or 3).
 //
 // check: the forward's O and log-sum-exp against a float32 reference computed

@@ -6,13 +6,11 @@
 # repository root (bench/README.md):
 #
 #   bash bench/attention/variants.sh
-#   VARIANTS="overlap: stages3:-DHA_BACKWARD_STAGES=3" CUDNN=0 bash bench/attention/variants.sh
+#   VARIANTS="default: backward-stages3:-DHA_BACKWARD_STAGES=3" CUDNN=0 bash bench/attention/variants.sh
 #
 # Environment (all optional):
 #   VARIANTS   space-separated NAME:FLAGS, FLAGS comma-separated -D options (empty: the defaults); default:
-#              the backward without its overlap, head by head (its first schedule), with the overlap, with the
-#              overlap and the tiles outermost (the defaults), and that with a third Q/dO stage; then the forward
-#              with its overlap within a warpgroup, with ping-pong between the warpgroups, and with both
+#              the defaults, a third K/V stage in the forward's ring, a third Q/dO stage in the backward's
 #   ENERGY_SECONDS=2 ENERGY_ROUNDS=2   each variant's energy mode (the harness's defaults are 3 and 3)
 #   CUDNN      1 (default): also python3 bench/attention/attention_energy.py (cuDNN and flash, 3 rounds of 2 s)
 #   CHECK_TIMEOUT_S=60 ENERGY_TIMEOUT_S=90   a hung variant is killed, the others still run
@@ -23,9 +21,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 . bench/build_variants.sh
-variants=${VARIANTS:-"first:-DHA_BACKWARD_OVERLAP=0,-DHA_BACKWARD_TILES_OUTER=0 overlap:-DHA_BACKWARD_TILES_OUTER=0 \
-overlap-tiles: overlap-tiles-stages3:-DHA_BACKWARD_STAGES=3 forward-overlap:-DHA_OVERLAP=1 \
-forward-pingpong:-DHA_PINGPONG=1 forward-both:-DHA_OVERLAP=1,-DHA_PINGPONG=1"}
+variants=${VARIANTS:-"default: stages3:-DHA_STAGES=3 backward-stages3:-DHA_BACKWARD_STAGES=3"}
 out=${OUT:-/tmp/attention-variants}
 bin=${BIN_DIR:-/tmp/attention-variants-bin}
 mkdir -p "$out" "$bin"

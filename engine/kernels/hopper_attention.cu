@@ -11,31 +11,8 @@
 
 #include <cmath>
 
-#ifndef HA_OVERLAP
-// The forward: 1 a tile's scores and softmax run while the previous tile's
-// P V runs (FlashAttention-3's overlap within a warpgroup); 0 one after the other.
-#define HA_OVERLAP 0
-#endif
-#ifndef HA_PINGPONG
-// The forward: 1 the two consumer warpgroups take turns to issue their
-// products (FlashAttention-3's ping-pong: one's softmax runs under the
-// other's products); 0 each issues when it is ready.
-#define HA_PINGPONG 0
-#endif
-#ifndef HA_BACKWARD_OVERLAP
-// The backward: 1 P^T is computed while dP^T's product runs, and dS^T while
-// dV's does; 0 both products waited for first, then dV's and dK's issued together.
-#define HA_BACKWARD_OVERLAP 1
-#endif
-#ifndef HA_BACKWARD_TILES_OUTER
-// The backward's order of steps in a block: 1 query tiles from the last down,
-// the group's heads within each, so that key blocks of a kv head running at
-// the same time reach a tile together and read its Q and dO and add onto its
-// dQ sums while they are in L2; 0 head by head, tiles upwards.
-#define HA_BACKWARD_TILES_OUTER 1
-#endif
 #ifndef HA_BACKWARD_STAGES
-#define HA_BACKWARD_STAGES 2  // the backward's ring of Q and dO tiles (3 fits: 226 KB)
+#define HA_BACKWARD_STAGES 2  // the backward's ring of Q and dO tiles (3 fits: 194 KB)
 #endif
 #ifndef HA_STAGES
 #define HA_STAGES 2  // the forward's ring of K and V tiles (3 fits: 225 KB of shared memory)
@@ -313,78 +290,18 @@ __global__ void __launch_bounds__(kThreads, 1) ForwardKernel(const __grid_consta
   };
   auto wait_tile = [&](int j) { BarrierWait(&full[j % kStages], (j / kStages) & 1); };
 
-  // Ping-pong (HA_PINGPONG): consumer c issues its products between
-  // NamedBarrier 3 + c (its turn) and an arrival on the other's; consumer 1
-  // lets consumer 0 go first, and consumer 0 takes the last turn back at the end.
-  auto turn = [&] {
-    if (HA_PINGPONG) NamedBarrier(3 + consumer, 256);
-  };
-  auto pass_turn = [&] {
-    if (HA_PINGPONG) NamedBarrierArrive(3 + (1 - consumer), 256);
-  };
-  if (HA_PINGPONG && consumer == 1) NamedBarrierArrive(3, 256);
-
   float sc[64], correction[2];
   uint32_t p[32];
-#if HA_OVERLAP
-  // FlashAttention-3's overlap within a warpgroup: tile j's scores are
-  // computed while tile j - 1's P V runs, and its softmax before that
-  // product is waited for; O is rescaled after. P alternates between two
-  // buffers (steps unrolled by two): written into the one that the running
-  // P V does not read, never copied, which ptxas would otherwise fold into
-  // one set of registers and serialise the wgmma over (C7513).
-  uint32_t p_other[32];
-  auto step = [&](int j, const uint32_t (&previous)[32], uint32_t (&next)[32]) {
-    wait_tile(j);
-    turn();
-    issue_scores(sc, j);
-    issue_values(previous, j - 1);
-    pass_turn();
-    WgmmaWait<1>();  // tile j's scores (committed first)
-    softmax(sc, j, next, correction);
-    WgmmaWait<0>();  // tile j - 1's P V
-    release(j - 1);
-    rescale(correction);
-  };
-  wait_tile(0);
-  turn();
-  issue_scores(sc, 0);
-  pass_turn();
-  WgmmaWait<0>();
-  softmax(sc, 0, p, correction);
-  int j = 1;
-  for (; j + 1 < kv_tiles; j += 2) {
-    step(j, p, p_other);
-    step(j + 1, p_other, p);
-  }
-  const bool last_in_other = j < kv_tiles;
-  if (last_in_other) step(j, p, p_other);
-  turn();
-  if (last_in_other) {
-    issue_values(p_other, kv_tiles - 1);
-  } else {
-    issue_values(p, kv_tiles - 1);
-  }
-  pass_turn();
-  WgmmaWait<0>();
-  release(kv_tiles - 1);
-#else
   for (int j = 0; j < kv_tiles; ++j) {
     wait_tile(j);
-    turn();
     issue_scores(sc, j);
-    pass_turn();
     WgmmaWait<0>();
     softmax(sc, j, p, correction);
     rescale(correction);
-    turn();
     issue_values(p, j);
-    pass_turn();
     WgmmaWait<0>();
     release(j);
   }
-#endif
-  if (HA_PINGPONG && consumer == 0) NamedBarrier(3, 256);  // consumer 1's last arrival
 
   // O / l, rounded to bf16 over this warpgroup's own rows of Q (its reads of
   // Q are done), then stored by TMA; the log-sum-exp beside it.
@@ -425,12 +342,11 @@ constexpr int kQ64Bytes = kBackwardQ * kHeadDim * 2;  // 16 KB: a 64-row tile of
 constexpr int kChunk = 64 * 64 * 2;                  // 8 KB: 64 rows x 64 columns, bf16
 constexpr int kDsBytes = kBlockKv * kBackwardQ * 2;  // 16 KB: dS^T of a step, keys x queries
 constexpr int kDqTileFloats = kBackwardQ * kHeadDim;  // a step's dQ sums: 8,192 floats
-constexpr int kStagingBytes = kBackwardQ * 64 * 4;   // 16 KB: a consumer's dQ half, float32
 constexpr int kRowBytes = kBackwardStages * 2 * kBackwardQ * 4;  // each stage's 64 log-sum-exps and D values: 1 KB
-// K and V (32 KB each), the stages of Q and dO, dS^T twice, each consumer's
-// dQ staging, the stages' log-sum-exps and D values, barriers.
-constexpr int kBackwardSmemBytes = 2 * kKBytes + kBackwardStages * 2 * kQ64Bytes + 2 * kDsBytes + 2 * kStagingBytes +
-                                   kRowBytes + (2 * kBackwardStages + 1) * 8 + 1024;
+// K and V (32 KB each), the stages of Q and dO, dS^T twice, the stages'
+// log-sum-exps and D values, barriers.
+constexpr int kBackwardSmemBytes =
+    2 * kKBytes + kBackwardStages * 2 * kQ64Bytes + 2 * kDsBytes + kRowBytes + (2 * kBackwardStages + 1) * 8 + 1024;
 static_assert(kBackwardSmemBytes <= 227 * 1024, "shared memory over the 227 KB a block may have");
 
 struct BackwardMaps {
@@ -479,10 +395,9 @@ __global__ void DotKernel(const __nv_bfloat16* __restrict__ grad_o, int64_t grad
 }
 
 // Where element (row, col) of a consumer's 64 x 64 half of a step's dQ sits
-// in its float32 sums (and in the staging buffer they are reduced from): in
-// the consumers' register order, so that their staging stores are whole
-// 256-byte rows of shared memory (row-major, 8 rows of a warp's store fell on
-// the same banks). Accumulator slot k = 2 g + r of thread tid = 32 warp + lane
+// in its float32 sums: in the consumers' register order, so that each of a
+// warp's vector atomics adds onto 256 consecutive bytes (row-major, a warp's
+// 32 float2 fell on 8 rows). Accumulator slot k = 2 g + r of thread tid = 32 warp + lane
 // holds row 16 warp + lane / 4 + 8 r, columns 8 g + 2 (lane % 4) + {0, 1},
 // stored as float2 number k * 128 + tid; columns 8 g .. 8 g + 7 of a row are
 // then 8 consecutive floats.
@@ -516,27 +431,16 @@ __global__ void DqKernel(const float* __restrict__ dq_sums, __nv_bfloat16* __res
   *reinterpret_cast<uint4*>(grad_q + token * grad_q_stride + head * kHeadDim + col) = out;
 }
 
-// Adds `bytes` of float32 from shared memory onto global memory (TMA's bulk
-// reduction), in the current bulk group.
-__device__ __forceinline__ void BulkAddF32(float* global, const void* shared, int bytes) {
-  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;" ::"l"(global),
-               "r"(SmemAddress(shared)), "r"(bytes)
-               : "memory");
-}
-
 // The steps of a backward block in order (keys from query tile first_i on, a
 // kv head of `group` query heads): each step's query head hh of the group and
-// 64-row query tile i, advanced one step at a time (no division a step).
+// 64-row query tile i, head by head, tiles upwards, advanced one step at a
+// time (no division a step). (Tiles outermost, from the last down, so that the
+// blocks of a kv head meet on a tile in L2, measured no faster: NOTES.md.)
 struct BackwardSteps {
   int hh, i;
-  __device__ __forceinline__ BackwardSteps(int first_i, int q64_tiles)
-      : hh(0), i(HA_BACKWARD_TILES_OUTER ? q64_tiles - 1 : first_i) {}
-  __device__ __forceinline__ void Next(int group, int first_i, int q64_tiles) {
-#if HA_BACKWARD_TILES_OUTER
-    if (++hh == group) hh = 0, --i;
-#else
+  __device__ __forceinline__ explicit BackwardSteps(int first_i) : hh(0), i(first_i) {}
+  __device__ __forceinline__ void Next(int first_i, int q64_tiles) {
     if (++i == q64_tiles) i = first_i, ++hh;
-#endif
   }
 };
 
@@ -551,7 +455,7 @@ struct BackwardSteps {
 //   dV_c += P^T dO_i, dK_c += dS^T Q_i            (P^T and dS^T from registers)
 //   dS^T to shared memory (both consumers' halves: 128 keys x 64 queries),
 //   dQ_i[:, 64 c ..] = dS K[:, 64 c ..]           (over all 128 keys)
-//   added onto the float32 sums by a bulk reduction from a staging buffer.
+//   added onto the float32 sums by vector atomics from registers.
 // dK is scaled at the end (dQ by the conversion kernel).
 __global__ void __launch_bounds__(kThreads, 1) BackwardKernel(const __grid_constant__ BackwardMaps maps) {
   extern __shared__ uint8_t raw_smem[];
@@ -560,10 +464,9 @@ __global__ void __launch_bounds__(kThreads, 1) BackwardKernel(const __grid_const
   uint8_t* v_smem = k_smem + kKBytes;         // likewise
   uint8_t* stages = v_smem + kVBytes;         // stage s: Q at s * 32 KB, dO at + 16 KB (boxes 8 KB apart)
   uint8_t* ds_smem = stages + kBackwardStages * 2 * kQ64Bytes;  // buffer n % 2 of step n: consumer c's keys at c * 8 KB
-  uint8_t* staging = ds_smem + 2 * kDsBytes;            // consumer c's at c * 16 KB
   // Stage s's log-sum-exps (log2 units) at rows[s][0][..], D at rows[s][1][..].
-  auto* rows = reinterpret_cast<float(*)[2][kBackwardQ]>(staging + 2 * kStagingBytes);
-  uint64_t* full = reinterpret_cast<uint64_t*>(staging + 2 * kStagingBytes + kRowBytes);
+  auto* rows = reinterpret_cast<float(*)[2][kBackwardQ]>(ds_smem + 2 * kDsBytes);
+  uint64_t* full = reinterpret_cast<uint64_t*>(ds_smem + 2 * kDsBytes + kRowBytes);
   uint64_t* empty = full + kBackwardStages;
   uint64_t* kv_full = empty + kBackwardStages;
 
@@ -578,8 +481,11 @@ __global__ void __launch_bounds__(kThreads, 1) BackwardKernel(const __grid_const
   const int tid = threadIdx.x % 128;
   if (threadIdx.x == 0) {
     for (int s = 0; s < kBackwardStages; ++s) {
-      BarrierInit(&full[s], 2);  // the loads' thread (and their bytes), the rows' warp
-      BarrierInit(&empty[s], 2 * 4);
+      // Every lane that wrote (the rows' warp) or read (the consumers) a stage
+      // arrives itself: an arrival releases only its own thread's accesses
+      // (PTX memory model), which is what compute-sanitizer's racecheck checks.
+      BarrierInit(&full[s], 1 + 32);  // the loads' thread (and their bytes), the rows' warp's lanes
+      BarrierInit(&empty[s], 2 * 128);  // the consumers' threads
     }
     BarrierInit(kv_full, 1);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -592,8 +498,8 @@ __global__ void __launch_bounds__(kThreads, 1) BackwardKernel(const __grid_const
       // Warp 1: each step's 64 log-sum-exps and D values into the stage
       // (0 past the sequence), two of each a lane.
       const int lane = tid - 32;
-      BackwardSteps step(first_i, maps.q64_tiles);
-      for (int n = 0; n < steps; ++n, step.Next(maps.shape.group, first_i, maps.q64_tiles)) {
+      BackwardSteps step(first_i);
+      for (int n = 0; n < steps; ++n, step.Next(first_i, maps.q64_tiles)) {
         const int s = n % kBackwardStages;
         const int head = kv_head * maps.shape.group + step.hh, i = step.i;
         const int64_t base = (static_cast<int64_t>(batch) * maps.shape.heads + head) * maps.shape.seq;
@@ -606,8 +512,7 @@ __global__ void __launch_bounds__(kThreads, 1) BackwardKernel(const __grid_const
         BarrierWait(&empty[s], ((n / kBackwardStages) & 1) ^ 1);
         *reinterpret_cast<float2*>(&rows[s][0][2 * lane]) = make_float2(lse[0], lse[1]);
         *reinterpret_cast<float2*>(&rows[s][1][2 * lane]) = make_float2(dot[0], dot[1]);
-        __syncwarp();
-        if (lane == 0) BarrierArrive(&full[s]);
+        BarrierArrive(&full[s]);
       }
       return;
     }
@@ -618,8 +523,8 @@ __global__ void __launch_bounds__(kThreads, 1) BackwardKernel(const __grid_const
       TmaLoad3(k_smem + db * kBoxBytes, &maps.k, col, j * kBlockKv, batch, kv_full);
       TmaLoad3(v_smem + db * kBoxBytes, &maps.v, col, j * kBlockKv, batch, kv_full);
     }
-    BackwardSteps step(first_i, maps.q64_tiles);
-    for (int n = 0; n < steps; ++n, step.Next(maps.shape.group, first_i, maps.q64_tiles)) {
+    BackwardSteps step(first_i);
+    for (int n = 0; n < steps; ++n, step.Next(first_i, maps.q64_tiles)) {
       const int s = n % kBackwardStages;
       const int head = kv_head * maps.shape.group + step.hh, i = step.i;
       BarrierWait(&empty[s], ((n / kBackwardStages) & 1) ^ 1);
@@ -643,32 +548,26 @@ __global__ void __launch_bounds__(kThreads, 1) BackwardKernel(const __grid_const
   float dk[64], dv[64];
 #pragma unroll
   for (int e = 0; e < 64; ++e) dk[e] = dv[e] = 0.f;
-  uint8_t* my_staging = staging + consumer * kStagingBytes;
   const uint32_t k_address = SmemAddress(k_smem + consumer * (kBoxBytes / 2));
   const uint32_t v_address = SmemAddress(v_smem + consumer * (kBoxBytes / 2));
   float dq[32];
-  // A step's dQ half (head, query tile i) onto its sums by a bulk reduction
-  // from the staging buffer, once the previous one has read it.
+  // A step's dQ half (head, query tile i) onto its float32 sums, slot k =
+  // 2 g + r in DqHalfOffset's order: each of a warp's atomics adds 256
+  // consecutive bytes (red.global.add.v2.f32). Staging the half in shared
+  // memory for one bulk reduction (TMA) instead was measured no faster and
+  // spent 32 KB of shared memory and two barriers a step (NOTES.md).
   auto add_dq = [&](int head, int i) {
+    float* sums = maps.dq_sums + ((static_cast<int64_t>(batch) * maps.shape.heads + head) * maps.q64_tiles + i) *
+                                     kDqTileFloats + consumer * (kBackwardQ * 64);
     FenceRegisters(dq);
-    if (tid == 0) TmaStoreWaitRead<0>();
-    NamedBarrier(2 + consumer, 128);
 #pragma unroll
-    for (int k = 0; k < 16; ++k) {  // slot k = 2 g + r: DqHalfOffset's order
-      *reinterpret_cast<float2*>(my_staging + (k * 128 + tid) * 8) = make_float2(dq[2 * k], dq[2 * k + 1]);
-    }
-    FenceAsyncShared();
-    NamedBarrier(2 + consumer, 128);
-    if (tid == 0) {
-      float* sums = maps.dq_sums + ((static_cast<int64_t>(batch) * maps.shape.heads + head) * maps.q64_tiles + i) *
-                                       kDqTileFloats + consumer * (kBackwardQ * 64);
-      BulkAddF32(sums, my_staging, kStagingBytes);
-      TmaStoreCommit();
+    for (int k = 0; k < 16; ++k) {
+      atomicAdd(reinterpret_cast<float2*>(sums) + k * 128 + tid, make_float2(dq[2 * k], dq[2 * k + 1]));
     }
   };
   BarrierWait(kv_full, 0);
-  BackwardSteps step(first_i, maps.q64_tiles);
-  for (int n = 0; n < steps; ++n, step.Next(maps.shape.group, first_i, maps.q64_tiles)) {
+  BackwardSteps step(first_i);
+  for (int n = 0; n < steps; ++n, step.Next(first_i, maps.q64_tiles)) {
     const int s = n % kBackwardStages;
     const int head = kv_head * maps.shape.group + step.hh, i = step.i;
     const int query0 = i * kBackwardQ + 2 * (lane % 4);
@@ -683,17 +582,15 @@ __global__ void __launch_bounds__(kThreads, 1) BackwardKernel(const __grid_const
       const uint32_t kv_step = (kk / 4) * kBoxBytes + (kk % 4) * 32, q_step = (kk / 4) * kChunk + (kk % 4) * 32;
       WgmmaSS64<0, 0>(st, DescriptorK(k_address + kv_step), DescriptorK(q_address + q_step), kk > 0);
     }
-#if HA_BACKWARD_OVERLAP
-    WgmmaCommit();  // S^T's group, then dP^T's: P^T is computed while dP^T runs
-#endif
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
       const uint32_t kv_step = (kk / 4) * kBoxBytes + (kk % 4) * 32, q_step = (kk / 4) * kChunk + (kk % 4) * 32;
       WgmmaSS64<0, 0>(dpt, DescriptorK(v_address + kv_step), DescriptorK(do_address + q_step), kk > 0);
     }
     WgmmaCommit();
-    WgmmaWait<HA_BACKWARD_OVERLAP>();  // S^T (with the overlap; else S^T and dP^T)
+    WgmmaWait<0>();
     FenceRegisters(st);
+    FenceRegisters(dpt);
 
     // P^T into st. Masked: a key past its query (only the steps that reach
     // the diagonal: i < first_i + 2) or a query past the sequence.
@@ -711,17 +608,6 @@ __global__ void __launch_bounds__(kThreads, 1) BackwardKernel(const __grid_const
     uint32_t pt[16], dst[16];
 #pragma unroll
     for (int g = 0; g < 16; ++g) pt[g] = PackBf16(st[2 * g], st[2 * g + 1]);
-#if HA_BACKWARD_OVERLAP
-    WgmmaFence();  // dV += P^T dO runs while dS^T is computed
-#pragma unroll
-    for (int kk = 0; kk < kBackwardQ / 16; ++kk) {
-      const uint32_t a[4] = {pt[4 * kk], pt[4 * kk + 1], pt[4 * kk + 2], pt[4 * kk + 3]};
-      WgmmaRS(dv, a, DescriptorMN(do_address + kk * 2048));
-    }
-    WgmmaCommit();
-    WgmmaWait<1>();  // dP^T
-    FenceRegisters(dpt);
-#endif
 
     // dS^T = P^T (dP^T - D) into dpt (0 where P^T is).
 #pragma unroll
@@ -736,13 +622,11 @@ __global__ void __launch_bounds__(kThreads, 1) BackwardKernel(const __grid_const
     for (int g = 0; g < 16; ++g) dst[g] = PackBf16(dpt[2 * g], dpt[2 * g + 1]);
     FenceAsyncShared();
     WgmmaFence();
-#if !HA_BACKWARD_OVERLAP
 #pragma unroll
     for (int kk = 0; kk < kBackwardQ / 16; ++kk) {
       const uint32_t a[4] = {pt[4 * kk], pt[4 * kk + 1], pt[4 * kk + 2], pt[4 * kk + 3]};
       WgmmaRS(dv, a, DescriptorMN(do_address + kk * 2048));
     }
-#endif
 #pragma unroll
     for (int kk = 0; kk < kBackwardQ / 16; ++kk) {
       const uint32_t a[4] = {dst[4 * kk], dst[4 * kk + 1], dst[4 * kk + 2], dst[4 * kk + 3]};
@@ -758,10 +642,9 @@ __global__ void __launch_bounds__(kThreads, 1) BackwardKernel(const __grid_const
     }
     WgmmaCommit();
     // The stage's Q and dO are read once dV's and dK's products are done (and
-    // this warp's reads of its rows, which __syncwarp orders before lane 0's arrival).
+    // this thread's reads of its rows).
     WgmmaWait<1>();
-    __syncwarp();
-    if (lane == 0) BarrierArrive(&empty[s]);
+    BarrierArrive(&empty[s]);
     WgmmaWait<0>();
     add_dq(head, i);
   }

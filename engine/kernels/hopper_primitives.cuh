@@ -103,11 +103,6 @@ __device__ __forceinline__ void FenceAsyncShared() { asm volatile("fence.proxy.a
 __device__ __forceinline__ void NamedBarrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
-// Counts this warp's threads towards barrier `id` without waiting for it
-// (the other side of a NamedBarrier of the same count).
-__device__ __forceinline__ void NamedBarrierArrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
 
 template <int kRegisters>
 __device__ __forceinline__ void RaiseRegisters() {
