@@ -4,10 +4,16 @@
 #   memcheck   out-of-bounds and misaligned accesses, errors of CUDA calls;
 #   racecheck  shared-memory hazards (the RMSNorm block reductions, the
 #              partial-row sum of dweight, RoPE's shared cos/sin table), in
-#              trainerd's kernels only: PyTorch's float64 reductions that the
-#              tests' references run report hazards of their own (12 in
-#              at::native::reduce_kernel on an H200 with LibTorch 2.11) that
-#              are not this project's to fix;
+#              trainerd's kernels only: the tests' references report hazards
+#              of their own (PyTorch's float64 reductions, 12 in
+#              at::native::reduce_kernel on an H200 with LibTorch 2.11;
+#              cuBLAS's nvjet GEMMs) that are not this project's to fix: the
+#              verdict counts the reports that name a trainerd:: kernel. Only
+#              trainerd's kernels are instrumented (--kernel-name
+#              kns=trainerd; unfiltered, the fused suite takes over 150 s),
+#              except in SUITE=gemm: with that filter the tool fails ("Internal
+#              Sanitizer Error ... a hardware exception") on the Hopper GEMM's
+#              tests and harness, which run clean unfiltered (H100, CUDA 13.0);
 #   synccheck  barriers reached by part of a block.
 # PyTorch's caching allocator is turned off so that every tensor is its own
 # allocation and memcheck sees an access past its end; the tests run their
@@ -39,6 +45,7 @@ elif [ "${SUITE:-fused}" = attention ]; then
   dtypes=${DTYPES:-bfloat16}
 elif [ "${SUITE:-fused}" = gemm ]; then
   bin=$b/tests/engine/epilogue_gemm_test filter=${FILTER:-SwiGluGemm.*:RopeGemm.*-*.ModelTrains*}
+  instrument_all=1  # racecheck: the header says why
   export TRAINERD_TEST_DEVICE=cuda
   dtypes=${DTYPES:-bfloat16}
 else
@@ -57,13 +64,24 @@ for dtype in $dtypes; do
   tag=
   if [ "$dtype" != own ]; then export TRAINERD_TEST_DTYPE=$dtype; tag=" $dtype"; fi
   for tool in ${TOOLS:-memcheck racecheck synccheck}; do
-    only=()
-    [ "$tool" = racecheck ] && only=(--kernel-name kns=trainerd)
     log=$out/$tool${tag:+-$dtype}.log
-    "$cs" --tool "$tool" "${only[@]}" --error-exitcode 1 "$bin" --gtest_filter="$filter" > "$log" 2>&1
-    rc=$?
-    # The tool's own verdict ("ERROR SUMMARY: n errors"; racecheck: "n hazards").
-    verdict=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -1 | sed 's/^=* *//')
+    if [ "$tool" = racecheck ]; then
+      only=(--kernel-name kns=trainerd)
+      [ "${instrument_all:-0}" = 1 ] && only=()
+      "$cs" --tool racecheck "${only[@]}" --print-limit 1000000 "$bin" --gtest_filter="$filter" > "$log" 2>&1
+      rc=$?
+      # Hazards in trainerd's kernels: the reports ("Error: Race reported between ... access at KERNEL+0x..")
+      # whose accesses name one; the tool's summary counts the references' kernels too.
+      ours=$(grep -E 'Race reported|access at|Thread \([0-9,]*\) at' "$log" | grep -c 'trainerd::')
+      if [ "$rc" -eq 0 ] && [ "$ours" -gt 0 ]; then rc=1; fi
+      verdict="$ours report lines in trainerd kernels; the tool's $(grep -E 'RACECHECK SUMMARY' "$log" | tail -1 |
+        sed 's/^=* *//')"
+    else
+      "$cs" --tool "$tool" --error-exitcode 1 "$bin" --gtest_filter="$filter" > "$log" 2>&1
+      rc=$?
+      # The tool's own verdict ("ERROR SUMMARY: n errors").
+      verdict=$(grep -E 'ERROR SUMMARY' "$log" | tail -1 | sed 's/^=* *//')
+    fi
     # gtest's totals: "[  PASSED  ] 4 tests." -> "4 passed".
     tests=$(grep -oE '^\[ +(PASSED|FAILED|SKIPPED) +\] [0-9]+ tests?' "$log" |
       sed -E 's/^\[ +([A-Z]+) +\] ([0-9]+).*/\2 \1/' | tr 'A-Z' 'a-z' | paste -sd, - | sed 's/,/, /g')
