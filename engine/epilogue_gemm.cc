@@ -205,6 +205,9 @@ bool RopeGemmEnabled(const torch::Device& device, torch::ScalarType dtype) {
   return on != kAuto ? on == 1 : AutoOn(device, dtype);
 }
 
+bool SwiGluGemmLevelIsAutomatic() { return Setting().load(std::memory_order_relaxed) == kAuto; }
+bool RopeGemmIsAutomatic() { return RopeSetting().load(std::memory_order_relaxed) == kAuto; }
+
 bool EpilogueGemmSettingsGiven() {
   return std::getenv("TRAINERD_HOPPER_GEMM") != nullptr || std::getenv("TRAINERD_HOPPER_ROPE") != nullptr;
 }

@@ -92,6 +92,11 @@ torch::Tensor ProductWithRope(const torch::Tensor& x, const torch::Tensor& w, co
 void SetRopeGemm(bool on);
 bool RopeGemmEnabled(const torch::Device& device, torch::ScalarType dtype);
 
+// Whether SwiGluGemmLevel's and RopeGemmEnabled's settings are the automatic
+// ones (neither in the environment nor set by SetSwiGluGemm / SetRopeGemm).
+bool SwiGluGemmLevelIsAutomatic();
+bool RopeGemmIsAutomatic();
+
 // Whether TRAINERD_HOPPER_GEMM or TRAINERD_HOPPER_ROPE is in the environment
 // (the worker then says where the epilogues ran, whatever the device).
 bool EpilogueGemmSettingsGiven();

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstdlib>
 #include <filesystem>
 #include <optional>
 
@@ -33,16 +32,15 @@ double Seconds(Clock::time_point since) {
 // declines products it does not suit).
 std::string EpilogueGemmNote(const EpilogueGemmCounts& before, int level, bool rope) {
   const EpilogueGemmCounts now = EpilogueGemmRuns();
-  // A setting not in the environment came from the default (engine/epilogue_gemm.h).
-  auto origin = [](const char* name) { return std::getenv(name) != nullptr ? "" : " (the default here)"; };
+  auto origin = [](bool automatic) { return automatic ? " (the default here)" : ""; };
   std::string settings, ran;
   if (level >= 1) {
-    settings = "TRAINERD_HOPPER_GEMM=" + std::to_string(level) + origin("TRAINERD_HOPPER_GEMM");
+    settings = "TRAINERD_HOPPER_GEMM=" + std::to_string(level) + origin(SwiGluGemmLevelIsAutomatic());
     ran = "SwiGLU's forward in " + std::to_string(now.forward - before.forward) + " gate|up products";
     if (level >= 2) ran += " and its backward in " + std::to_string(now.backward - before.backward) + " down products";
   }
   if (rope) {
-    settings += std::string(settings.empty() ? "" : ", ") + "TRAINERD_HOPPER_ROPE=1" + origin("TRAINERD_HOPPER_ROPE");
+    settings += std::string(settings.empty() ? "" : ", ") + "TRAINERD_HOPPER_ROPE=1" + origin(RopeGemmIsAutomatic());
     ran += std::string(ran.empty() ? "" : ", and ") + "the rotary embedding in " +
            std::to_string(now.rope - before.rope) + " q|k|v products";
   }

@@ -358,7 +358,7 @@ struct BackwardMaps {
   CUtensorMap grad_v;  // box 64 rows
   const float* lse;    // (batch, heads, seq)
   const float* dot;    // (batch, heads, seq): dO.O
-  float* dq_sums;      // (batch, heads, q64 tiles, 2 halves of 64 columns, 64 rows, 64 columns)
+  float* dq_sums;      // (batch, heads, q64 tiles, 2 halves of 64 columns, 64 x 64 in DqHalfOffset's order)
   SequenceShape shape;
   int q64_tiles;
 };
