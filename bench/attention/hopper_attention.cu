@@ -494,6 +494,7 @@ int main(int argc, char** argv) {
       {"peaky: 2 x 1024, 8 / 2", 2, 1024, 8, 2, 4.f},
       {"tails: 3 x 300, 8 / 1", 3, 300, 8, 1, 2.f},
       {"short: 2 x 77, 4 / 4", 2, 77, 4, 4, 2.f},
+      {"odd groups: 1 x 512, 4 / 1", 1, 512, 4, 1, 2.f},
   };
   const Case timings[] = {
       {"8b: 4 x 2048, 32 / 8 heads", 4, 2048, 32, 8, 1.f},

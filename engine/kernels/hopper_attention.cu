@@ -346,7 +346,7 @@ constexpr int kRowBytes = kBackwardStages * 2 * kBackwardQ * 4;  // each stage's
 // K and V (32 KB each), the stages of Q and dO, dS^T twice, the stages'
 // log-sum-exps and D values, barriers.
 constexpr int kBackwardSmemBytes =
-    2 * kKBytes + kBackwardStages * 2 * kQ64Bytes + 2 * kDsBytes + kRowBytes + (2 * kBackwardStages + 1) * 8 + 1024;
+    2 * kKBytes + kBackwardStages * 2 * kQ64Bytes + 2 * kDsBytes + kRowBytes + (2 * kBackwardStages + 2) * 8 + 1024;
 static_assert(kBackwardSmemBytes <= 227 * 1024, "shared memory over the 227 KB a block may have");
 
 struct BackwardMaps {
@@ -431,24 +431,69 @@ __global__ void DqKernel(const float* __restrict__ dq_sums, __nv_bfloat16* __res
   *reinterpret_cast<uint4*>(grad_q + token * grad_q_stride + head * kHeadDim + col) = out;
 }
 
-// The steps of a backward block in order (keys from query tile first_i on, a
-// kv head of `group` query heads): each step's query head hh of the group and
-// 64-row query tile i, head by head, tiles upwards, advanced one step at a
-// time (no division a step). (Tiles outermost, from the last down, so that the
-// blocks of a kv head meet on a tile in L2, measured no faster: NOTES.md.)
-struct BackwardSteps {
+// The backward's blocks ("slots") and their order. A segment is one kv
+// head's 128 keys j of one sequence (a "group": its query heads share the
+// keys) over the query tiles from the keys' own on: group * (q64 tiles - 2 j)
+// steps, each one query head's 64-row tile, the group's heads inside a tile.
+// A slot runs two segments: keys j of one group with its tiles downwards,
+// then keys kv_tiles - 1 - j of the next group with its tiles upwards. Why:
+// - every slot has the same steps (group * (2 q64 tiles - 2 kv_tiles + 2)),
+//   so the slots fill the SMs in even waves, whatever their order;
+// - the slots of a pair of groups are launched together (slot number: pairs
+//   outermost), so their first segments start together and their second
+//   ones end together: downwards from the same start, or upwards to the same
+//   end, all of a group's segments reach a query tile at about the same
+//   time, and the tile's dQ sums, Q and dO stay in L2 while its keys' blocks
+//   add onto them (the sums of a step per key block otherwise went to DRAM
+//   and back: the blocks of a tile ran hundreds of microseconds apart).
+// An odd group count leaves the last group paired with itself (j with
+// kv_tiles - 1 - j; the middle keys alone where kv_tiles is odd).
+struct BackwardSegment {
+  int batch, kv_head, j, first_i, steps;
+  bool upwards;
+};
+
+int BackwardSlots(int groups, int kv_tiles) { return groups / 2 * kv_tiles + groups % 2 * ((kv_tiles + 1) / 2); }
+
+// Segment m (0 or 1) of a slot, and how many the slot has (1 only for the
+// middle keys of a group paired with itself). Computed where used rather
+// than kept in an array a run-time index would put in local memory.
+__device__ __forceinline__ BackwardSegment SegmentOf(int slot, int m, const BackwardMaps& maps, int* count) {
+  const int groups = maps.shape.batch * maps.shape.kv_heads;
+  const int kv_tiles = (maps.q64_tiles + 1) / 2;
+  const int paired = groups / 2 * kv_tiles;
+  const bool alone = slot >= paired;  // the last of an odd number of groups
+  const int p = alone ? slot - paired : slot % kv_tiles;
+  const int first_group = alone ? groups - 1 : 2 * (slot / kv_tiles);
+  *count = alone && kv_tiles - 1 - p == p ? 1 : 2;
+  const int group = m == 0 || alone ? first_group : first_group + 1;
+  BackwardSegment s;
+  s.batch = group / maps.shape.kv_heads;
+  s.kv_head = group % maps.shape.kv_heads;
+  s.j = m == 0 ? p : kv_tiles - 1 - p;
+  s.first_i = s.j * (kBlockKv / kBackwardQ);
+  s.steps = maps.shape.group * (maps.q64_tiles - s.first_i);
+  s.upwards = m == 1;
+  return s;
+}
+
+// A segment's steps in order: query head hh of the group and 64-row query
+// tile i, advanced one step at a time (no division a step).
+struct BackwardStep {
   int hh, i;
-  __device__ __forceinline__ explicit BackwardSteps(int first_i) : hh(0), i(first_i) {}
-  __device__ __forceinline__ void Next(int first_i, int q64_tiles) {
-    if (++i == q64_tiles) i = first_i, ++hh;
+  __device__ __forceinline__ BackwardStep(const BackwardSegment& s, int q64_tiles)
+      : hh(0), i(s.upwards ? s.first_i : q64_tiles - 1) {}
+  __device__ __forceinline__ void Next(const BackwardSegment& s, int group) {
+    if (++hh == group) hh = 0, i += s.upwards ? 1 : -1;
   }
 };
 
-// A block for each (128 keys j, kv head, sequence): the producer loads K and
-// V once, then Q and dO of each step (query head hh of the group, query tile
-// i of 64 rows from the keys' first row on, in BackwardSteps' order) into a
-// ring. Consumer c owns keys 64 c .. 64 c + 63 and accumulates their dK and
-// dV over every step in registers; a step:
+// A block for each slot (BackwardSlots): for each of its segments (keys j,
+// kv head, sequence) the producer loads K and V, then Q and dO of each step
+// (query head hh of the group, query tile i of 64 rows, in BackwardStep's
+// order) into a ring that runs on across the segments. Consumer c owns keys
+// 64 c .. 64 c + 63 and accumulates their dK and dV over the segment's steps
+// in registers; a step:
 //   S^T = K_c Q_i^T, dP^T = V_c dO_i^T            (64 keys x 64 queries each)
 //   P^T = 2^(scale_log2 S^T - lse_i log2 e) (0 past the diagonal or the sequence),
 //   dS^T = P^T (dP^T - D_i)
@@ -456,7 +501,9 @@ struct BackwardSteps {
 //   dS^T to shared memory (both consumers' halves: 128 keys x 64 queries),
 //   dQ_i[:, 64 c ..] = dS K[:, 64 c ..]           (over all 128 keys)
 //   added onto the float32 sums by vector atomics from registers.
-// dK is scaled at the end (dQ by the conversion kernel).
+// At a segment's end dK (scaled) and dV go out through K's and V's shared
+// memory, which the next segment's K and V then fill (dQ is scaled by the
+// conversion kernel).
 __global__ void __launch_bounds__(kThreads, 1) BackwardKernel(const __grid_constant__ BackwardMaps maps) {
   extern __shared__ uint8_t raw_smem[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw_smem) + 1023) & ~uintptr_t{1023});
@@ -468,14 +515,13 @@ __global__ void __launch_bounds__(kThreads, 1) BackwardKernel(const __grid_const
   auto* rows = reinterpret_cast<float(*)[2][kBackwardQ]>(ds_smem + 2 * kDsBytes);
   uint64_t* full = reinterpret_cast<uint64_t*>(ds_smem + 2 * kDsBytes + kRowBytes);
   uint64_t* empty = full + kBackwardStages;
-  uint64_t* kv_full = empty + kBackwardStages;
+  uint64_t* kv_full = empty + kBackwardStages;  // segment m's K and V loaded: phase m % 2
+  uint64_t* kv_empty = kv_full + 1;             // segment m's dK and dV stored from K's and V's room: phase m % 2
 
-  const int per_tile = maps.shape.batch * maps.shape.kv_heads;
-  const int j = static_cast<int>(blockIdx.x) / per_tile;  // the heaviest (most queries) first
-  const int batch = static_cast<int>(blockIdx.x) % per_tile / maps.shape.kv_heads;
-  const int kv_head = static_cast<int>(blockIdx.x) % maps.shape.kv_heads;
-  const int first_i = j * (kBlockKv / kBackwardQ);
-  const int steps = maps.shape.group * (maps.q64_tiles - first_i);
+  const int slot = static_cast<int>(blockIdx.x);
+  int segments;
+  SegmentOf(slot, 0, maps, &segments);
+  const int group = maps.shape.group;
 
   const int warpgroup = threadIdx.x / 128;
   const int tid = threadIdx.x % 128;
@@ -488,6 +534,7 @@ __global__ void __launch_bounds__(kThreads, 1) BackwardKernel(const __grid_const
       BarrierInit(&empty[s], 2 * 128);  // the consumers' threads
     }
     BarrierInit(kv_full, 1);
+    BarrierInit(kv_empty, 2 * 128);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
@@ -498,42 +545,63 @@ __global__ void __launch_bounds__(kThreads, 1) BackwardKernel(const __grid_const
       // Warp 1: each step's 64 log-sum-exps and D values into the stage
       // (0 past the sequence), two of each a lane.
       const int lane = tid - 32;
-      BackwardSteps step(first_i);
-      for (int n = 0; n < steps; ++n, step.Next(first_i, maps.q64_tiles)) {
-        const int s = n % kBackwardStages;
-        const int head = kv_head * maps.shape.group + step.hh, i = step.i;
-        const int64_t base = (static_cast<int64_t>(batch) * maps.shape.heads + head) * maps.shape.seq;
-        float lse[2], dot[2];
-        for (int e = 0; e < 2; ++e) {
-          const int query = i * kBackwardQ + 2 * lane + e;
-          lse[e] = query < maps.shape.seq ? __ldg(maps.lse + base + query) * kLog2e : 0.f;
-          dot[e] = query < maps.shape.seq ? __ldg(maps.dot + base + query) : 0.f;
+      int n = 0;  // steps of the slot so far: the ring's position
+      for (int m = 0; m < segments; ++m) {
+        const BackwardSegment seg = SegmentOf(slot, m, maps, &segments);
+        // The group's first head's rows, then this lane's two of a tile.
+        const int64_t first = (static_cast<int64_t>(seg.batch) * maps.shape.heads + seg.kv_head * group) *
+                              maps.shape.seq;
+        BackwardStep step(seg, maps.q64_tiles);
+        for (const int n_end = n + seg.steps; n < n_end; ++n, step.Next(seg, group)) {
+          const int s = n % kBackwardStages;
+          const int query = step.i * kBackwardQ + 2 * lane;
+          const int64_t at = first + static_cast<int64_t>(step.hh) * maps.shape.seq + query;
+          float2 lse = make_float2(0.f, 0.f), dot = make_float2(0.f, 0.f);
+          if (query < maps.shape.seq) {
+            lse.x = __ldg(maps.lse + at) * kLog2e, dot.x = __ldg(maps.dot + at);
+          }
+          if (query + 1 < maps.shape.seq) {
+            lse.y = __ldg(maps.lse + at + 1) * kLog2e, dot.y = __ldg(maps.dot + at + 1);
+          }
+          BarrierWait(&empty[s], ((n / kBackwardStages) & 1) ^ 1);
+          *reinterpret_cast<float2*>(&rows[s][0][2 * lane]) = lse;
+          *reinterpret_cast<float2*>(&rows[s][1][2 * lane]) = dot;
+          BarrierArrive(&full[s]);
         }
-        BarrierWait(&empty[s], ((n / kBackwardStages) & 1) ^ 1);
-        *reinterpret_cast<float2*>(&rows[s][0][2 * lane]) = make_float2(lse[0], lse[1]);
-        *reinterpret_cast<float2*>(&rows[s][1][2 * lane]) = make_float2(dot[0], dot[1]);
-        BarrierArrive(&full[s]);
       }
       return;
     }
     if (tid != 0) return;
-    BarrierExpectBytes(kv_full, kKBytes + kVBytes);
-    for (int db = 0; db < 2; ++db) {
-      const int col = kv_head * kHeadDim + 64 * db;
-      TmaLoad3(k_smem + db * kBoxBytes, &maps.k, col, j * kBlockKv, batch, kv_full);
-      TmaLoad3(v_smem + db * kBoxBytes, &maps.v, col, j * kBlockKv, batch, kv_full);
-    }
-    BackwardSteps step(first_i);
-    for (int n = 0; n < steps; ++n, step.Next(first_i, maps.q64_tiles)) {
-      const int s = n % kBackwardStages;
-      const int head = kv_head * maps.shape.group + step.hh, i = step.i;
-      BarrierWait(&empty[s], ((n / kBackwardStages) & 1) ^ 1);
-      BarrierExpectBytes(&full[s], 2 * kQ64Bytes);
-      uint8_t* q = stages + s * 2 * kQ64Bytes;
+    // Segment m's K and V, once the previous segment's dK and dV have left
+    // their room; issued after the segment's first stages of Q and dO, which
+    // need only the ring.
+    auto load_kv = [&](const BackwardSegment& seg, int m) {
+      if (m > 0) BarrierWait(kv_empty, (m - 1) & 1);
+      BarrierExpectBytes(kv_full, kKBytes + kVBytes);
       for (int db = 0; db < 2; ++db) {
-        TmaLoad3(q + db * kChunk, &maps.q, head * kHeadDim + 64 * db, i * kBackwardQ, batch, &full[s]);
-        TmaLoad3(q + kQ64Bytes + db * kChunk, &maps.grad_o, head * kHeadDim + 64 * db, i * kBackwardQ, batch,
-                 &full[s]);
+        const int col = seg.kv_head * kHeadDim + 64 * db;
+        TmaLoad3(k_smem + db * kBoxBytes, &maps.k, col, seg.j * kBlockKv, seg.batch, kv_full);
+        TmaLoad3(v_smem + db * kBoxBytes, &maps.v, col, seg.j * kBlockKv, seg.batch, kv_full);
+      }
+    };
+    int n = 0;
+    for (int m = 0; m < segments; ++m) {
+      const BackwardSegment seg = SegmentOf(slot, m, maps, &segments);
+      const int kv_at = m == 0 ? 0 : (seg.steps < kBackwardStages ? seg.steps : kBackwardStages);
+      BackwardStep step(seg, maps.q64_tiles);
+      for (int local = 0;; ++local, ++n, step.Next(seg, group)) {
+        if (local == kv_at) load_kv(seg, m);
+        if (local == seg.steps) break;
+        const int s = n % kBackwardStages;
+        const int head = seg.kv_head * group + step.hh, i = step.i;
+        BarrierWait(&empty[s], ((n / kBackwardStages) & 1) ^ 1);
+        BarrierExpectBytes(&full[s], 2 * kQ64Bytes);
+        uint8_t* q = stages + s * 2 * kQ64Bytes;
+        for (int db = 0; db < 2; ++db) {
+          TmaLoad3(q + db * kChunk, &maps.q, head * kHeadDim + 64 * db, i * kBackwardQ, seg.batch, &full[s]);
+          TmaLoad3(q + kQ64Bytes + db * kChunk, &maps.grad_o, head * kHeadDim + 64 * db, i * kBackwardQ, seg.batch,
+                   &full[s]);
+        }
       }
     }
     return;
@@ -542,133 +610,143 @@ __global__ void __launch_bounds__(kThreads, 1) BackwardKernel(const __grid_const
   RaiseRegisters<kBackwardConsumerRegisters>();
   const int consumer = warpgroup - 1;
   const int warp = tid / 32, lane = tid % 32;
-  // This thread's rows (keys) and columns (queries, within a step's 64) of
-  // the 64 x 64 products: rows key0 and key0 + 8, columns 8 g + 2 (lane % 4) + {0, 1}.
-  const int key0 = j * kBlockKv + consumer * 64 + 16 * warp + lane / 4;
-  float dk[64], dv[64];
-#pragma unroll
-  for (int e = 0; e < 64; ++e) dk[e] = dv[e] = 0.f;
   const uint32_t k_address = SmemAddress(k_smem + consumer * (kBoxBytes / 2));
   const uint32_t v_address = SmemAddress(v_smem + consumer * (kBoxBytes / 2));
-  float dq[32];
-  // A step's dQ half (head, query tile i) onto its float32 sums, slot k =
-  // 2 g + r in DqHalfOffset's order: each of a warp's atomics adds 256
-  // consecutive bytes (red.global.add.v2.f32). Staging the half in shared
-  // memory for one bulk reduction (TMA) instead was measured no faster and
-  // spent 32 KB of shared memory and two barriers a step (NOTES.md).
-  auto add_dq = [&](int head, int i) {
-    float* sums = maps.dq_sums + ((static_cast<int64_t>(batch) * maps.shape.heads + head) * maps.q64_tiles + i) *
-                                     kDqTileFloats + consumer * (kBackwardQ * 64);
-    FenceRegisters(dq);
+  float dk[64], dv[64], dq[32];
+  int n = 0;
+  for (int m = 0; m < segments; ++m) {
+    const BackwardSegment seg = SegmentOf(slot, m, maps, &segments);
+    // This thread's rows (keys) and columns (queries, within a step's 64) of
+    // the 64 x 64 products: rows key0 and key0 + 8, columns 8 g + 2 (lane % 4) + {0, 1}.
+    const int key0 = seg.j * kBlockKv + consumer * 64 + 16 * warp + lane / 4;
 #pragma unroll
-    for (int k = 0; k < 16; ++k) {
-      atomicAdd(reinterpret_cast<float2*>(sums) + k * 128 + tid, make_float2(dq[2 * k], dq[2 * k + 1]));
-    }
-  };
-  BarrierWait(kv_full, 0);
-  BackwardSteps step(first_i);
-  for (int n = 0; n < steps; ++n, step.Next(first_i, maps.q64_tiles)) {
-    const int s = n % kBackwardStages;
-    const int head = kv_head * maps.shape.group + step.hh, i = step.i;
-    const int query0 = i * kBackwardQ + 2 * (lane % 4);
-    BarrierWait(&full[s], (n / kBackwardStages) & 1);
-    uint8_t* q_stage = stages + s * 2 * kQ64Bytes;
-    uint8_t* do_stage = q_stage + kQ64Bytes;
-    const uint32_t q_address = SmemAddress(q_stage), do_address = SmemAddress(do_stage);
-    float st[32], dpt[32];
-    WgmmaFence();
+    for (int e = 0; e < 64; ++e) dk[e] = dv[e] = 0.f;
+    // A step's dQ half (head, query tile i) onto its float32 sums, slot k =
+    // 2 g + r in DqHalfOffset's order: each of a warp's atomics adds 256
+    // consecutive bytes (red.global.add.v2.f32). Staging the half in shared
+    // memory for one bulk reduction (TMA) instead was measured no faster and
+    // spent 32 KB of shared memory and two barriers a step (NOTES.md).
+    auto add_dq = [&](int head, int i) {
+      float* sums = maps.dq_sums +
+                    ((static_cast<int64_t>(seg.batch) * maps.shape.heads + head) * maps.q64_tiles + i) *
+                        kDqTileFloats +
+                    consumer * (kBackwardQ * 64);
+      FenceRegisters(dq);
 #pragma unroll
-    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-      const uint32_t kv_step = (kk / 4) * kBoxBytes + (kk % 4) * 32, q_step = (kk / 4) * kChunk + (kk % 4) * 32;
-      WgmmaSS64<0, 0>(st, DescriptorK(k_address + kv_step), DescriptorK(q_address + q_step), kk > 0);
-    }
-#pragma unroll
-    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-      const uint32_t kv_step = (kk / 4) * kBoxBytes + (kk % 4) * 32, q_step = (kk / 4) * kChunk + (kk % 4) * 32;
-      WgmmaSS64<0, 0>(dpt, DescriptorK(v_address + kv_step), DescriptorK(do_address + q_step), kk > 0);
-    }
-    WgmmaCommit();
-    WgmmaWait<0>();
-    FenceRegisters(st);
-    FenceRegisters(dpt);
-
-    // P^T into st. Masked: a key past its query (only the steps that reach
-    // the diagonal: i < first_i + 2) or a query past the sequence.
-    const bool diagonal = i < first_i + kBlockKv / kBackwardQ;
-#pragma unroll
-    for (int g = 0; g < 8; ++g) {
-      const float2 lse2 = *reinterpret_cast<const float2*>(&rows[s][0][8 * g + 2 * (lane % 4)]);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int query = query0 + 8 * g + (e & 1), key = key0 + 8 * (e >> 1);
-        const bool masked = query >= maps.shape.seq || (diagonal && key > query);
-        st[4 * g + e] = masked ? 0.f : Exp2(st[4 * g + e] * maps.shape.scale_log2 - ((e & 1) ? lse2.y : lse2.x));
+      for (int k = 0; k < 16; ++k) {
+        atomicAdd(reinterpret_cast<float2*>(sums) + k * 128 + tid, make_float2(dq[2 * k], dq[2 * k + 1]));
       }
-    }
-    uint32_t pt[16], dst[16];
+    };
+    BarrierWait(kv_full, m & 1);
+    BackwardStep step(seg, maps.q64_tiles);
+    for (const int n_end = n + seg.steps; n < n_end; ++n, step.Next(seg, group)) {
+      const int s = n % kBackwardStages;
+      const int head = seg.kv_head * group + step.hh, i = step.i;
+      const int query0 = i * kBackwardQ + 2 * (lane % 4);
+      BarrierWait(&full[s], (n / kBackwardStages) & 1);
+      uint8_t* q_stage = stages + s * 2 * kQ64Bytes;
+      uint8_t* do_stage = q_stage + kQ64Bytes;
+      const uint32_t q_address = SmemAddress(q_stage), do_address = SmemAddress(do_stage);
+      float st[32], dpt[32];
+      WgmmaFence();
 #pragma unroll
-    for (int g = 0; g < 16; ++g) pt[g] = PackBf16(st[2 * g], st[2 * g + 1]);
+      for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+        const uint32_t kv_step = (kk / 4) * kBoxBytes + (kk % 4) * 32, q_step = (kk / 4) * kChunk + (kk % 4) * 32;
+        WgmmaSS64<0, 0>(st, DescriptorK(k_address + kv_step), DescriptorK(q_address + q_step), kk > 0);
+      }
+#pragma unroll
+      for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+        const uint32_t kv_step = (kk / 4) * kBoxBytes + (kk % 4) * 32, q_step = (kk / 4) * kChunk + (kk % 4) * 32;
+        WgmmaSS64<0, 0>(dpt, DescriptorK(v_address + kv_step), DescriptorK(do_address + q_step), kk > 0);
+      }
+      WgmmaCommit();
+      WgmmaWait<0>();
+      FenceRegisters(st);
+      FenceRegisters(dpt);
 
-    // dS^T = P^T (dP^T - D) into dpt (0 where P^T is).
+      // P^T into st. Masked: a key past its query (only the steps that reach
+      // the diagonal: i < first_i + 2) or a query past the sequence.
+      const bool diagonal = i < seg.first_i + kBlockKv / kBackwardQ;
 #pragma unroll
-    for (int g = 0; g < 8; ++g) {
-      const float2 dot = *reinterpret_cast<const float2*>(&rows[s][1][8 * g + 2 * (lane % 4)]);
+      for (int g = 0; g < 8; ++g) {
+        const float2 lse2 = *reinterpret_cast<const float2*>(&rows[s][0][8 * g + 2 * (lane % 4)]);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) dpt[4 * g + e] = st[4 * g + e] * (dpt[4 * g + e] - ((e & 1) ? dot.y : dot.x));
-    }
-    uint8_t* ds = ds_smem + (n % 2) * kDsBytes;
-    WriteChunk(ds + consumer * kChunk, warp, lane, 0, [&](int g, int e) { return dpt[4 * g + e]; });
+        for (int e = 0; e < 4; ++e) {
+          const int query = query0 + 8 * g + (e & 1), key = key0 + 8 * (e >> 1);
+          const bool masked = query >= maps.shape.seq || (diagonal && key > query);
+          st[4 * g + e] = masked ? 0.f : Exp2(st[4 * g + e] * maps.shape.scale_log2 - ((e & 1) ? lse2.y : lse2.x));
+        }
+      }
+      uint32_t pt[16], dst[16];
 #pragma unroll
-    for (int g = 0; g < 16; ++g) dst[g] = PackBf16(dpt[2 * g], dpt[2 * g + 1]);
-    FenceAsyncShared();
-    WgmmaFence();
-#pragma unroll
-    for (int kk = 0; kk < kBackwardQ / 16; ++kk) {
-      const uint32_t a[4] = {pt[4 * kk], pt[4 * kk + 1], pt[4 * kk + 2], pt[4 * kk + 3]};
-      WgmmaRS(dv, a, DescriptorMN(do_address + kk * 2048));
-    }
-#pragma unroll
-    for (int kk = 0; kk < kBackwardQ / 16; ++kk) {
-      const uint32_t a[4] = {dst[4 * kk], dst[4 * kk + 1], dst[4 * kk + 2], dst[4 * kk + 3]};
-      WgmmaRS(dk, a, DescriptorMN(q_address + kk * 2048));
-    }
-    WgmmaCommit();
-    NamedBarrier(1, 256);  // both consumers' halves of dS^T written
-    const uint32_t ds_address = SmemAddress(ds);
-    const uint32_t k_half = SmemAddress(k_smem + consumer * kBoxBytes);
-#pragma unroll
-    for (int kk = 0; kk < kBlockKv / 16; ++kk) {
-      WgmmaSS64<1, 1>(dq, DescriptorMN(ds_address + kk * 2048), DescriptorMN(k_half + kk * 2048), kk > 0);
-    }
-    WgmmaCommit();
-    // The stage's Q and dO are read once dV's and dK's products are done (and
-    // this thread's reads of its rows).
-    WgmmaWait<1>();
-    BarrierArrive(&empty[s]);
-    WgmmaWait<0>();
-    add_dq(head, i);
-  }
+      for (int g = 0; g < 16; ++g) pt[g] = PackBf16(st[2 * g], st[2 * g + 1]);
 
-  // dK (scaled) and dV, rounded to bf16 into the stages' room once both
-  // consumers are done with it (consumer c's: stage c, dK over Q's boxes, dV
-  // over dO's), stored by TMA.
-  NamedBarrier(1, 256);
-  uint8_t* out = stages + consumer * 2 * kQ64Bytes;
-  for (int db = 0; db < 2; ++db) {
-    WriteChunk(out + db * kChunk, warp, lane, 8 * db, [&](int g, int e) { return dk[4 * g + e] * maps.shape.scale; });
-    WriteChunk(out + kQ64Bytes + db * kChunk, warp, lane, 8 * db, [&](int g, int e) { return dv[4 * g + e]; });
-  }
-  FenceAsyncShared();
-  NamedBarrier(2 + consumer, 128);
-  if (tid == 0) {
+      // dS^T = P^T (dP^T - D) into dpt (0 where P^T is).
+#pragma unroll
+      for (int g = 0; g < 8; ++g) {
+        const float2 dot = *reinterpret_cast<const float2*>(&rows[s][1][8 * g + 2 * (lane % 4)]);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dpt[4 * g + e] = st[4 * g + e] * (dpt[4 * g + e] - ((e & 1) ? dot.y : dot.x));
+      }
+      uint8_t* ds = ds_smem + (n % 2) * kDsBytes;
+      WriteChunk(ds + consumer * kChunk, warp, lane, 0, [&](int g, int e) { return dpt[4 * g + e]; });
+#pragma unroll
+      for (int g = 0; g < 16; ++g) dst[g] = PackBf16(dpt[2 * g], dpt[2 * g + 1]);
+      FenceAsyncShared();
+      WgmmaFence();
+#pragma unroll
+      for (int kk = 0; kk < kBackwardQ / 16; ++kk) {
+        const uint32_t a[4] = {pt[4 * kk], pt[4 * kk + 1], pt[4 * kk + 2], pt[4 * kk + 3]};
+        WgmmaRS(dv, a, DescriptorMN(do_address + kk * 2048));
+      }
+#pragma unroll
+      for (int kk = 0; kk < kBackwardQ / 16; ++kk) {
+        const uint32_t a[4] = {dst[4 * kk], dst[4 * kk + 1], dst[4 * kk + 2], dst[4 * kk + 3]};
+        WgmmaRS(dk, a, DescriptorMN(q_address + kk * 2048));
+      }
+      WgmmaCommit();
+      NamedBarrier(1, 256);  // both consumers' halves of dS^T written
+      const uint32_t ds_address = SmemAddress(ds);
+      const uint32_t k_half = SmemAddress(k_smem + consumer * kBoxBytes);
+#pragma unroll
+      for (int kk = 0; kk < kBlockKv / 16; ++kk) {
+        WgmmaSS64<1, 1>(dq, DescriptorMN(ds_address + kk * 2048), DescriptorMN(k_half + kk * 2048), kk > 0);
+      }
+      WgmmaCommit();
+      // The stage's Q and dO are read once dV's and dK's products are done (and
+      // this thread's reads of its rows).
+      WgmmaWait<1>();
+      BarrierArrive(&empty[s]);
+      WgmmaWait<0>();
+      add_dq(head, i);
+    }
+
+    // dK (scaled) and dV, rounded to bf16 into K's and V's room once both
+    // consumers are done reading it (consumer c's 64 rows: the lower or upper
+    // half of each 128-row box, the 64-row boxes of the stores' maps), stored
+    // by TMA; then the room is the next segment's (kv_empty).
+    NamedBarrier(1, 256);
     for (int db = 0; db < 2; ++db) {
-      const int col = kv_head * kHeadDim + 64 * db, row = j * kBlockKv + consumer * 64;
-      TmaStore3Uncommitted(&maps.grad_k, out + db * kChunk, col, row, batch);
-      TmaStore3Uncommitted(&maps.grad_v, out + kQ64Bytes + db * kChunk, col, row, batch);
+      uint8_t* half = k_smem + db * kBoxBytes + consumer * (kBoxBytes / 2);
+      WriteChunk(half, warp, lane, 8 * db, [&](int g, int e) { return dk[4 * g + e] * maps.shape.scale; });
+      WriteChunk(half + kKBytes, warp, lane, 8 * db, [&](int g, int e) { return dv[4 * g + e]; });
     }
-    TmaStoreCommit();
-    TmaStoreWaitAll();
+    FenceAsyncShared();
+    NamedBarrier(2 + consumer, 128);
+    if (tid == 0) {
+      for (int db = 0; db < 2; ++db) {
+        const int col = seg.kv_head * kHeadDim + 64 * db, row = seg.j * kBlockKv + consumer * 64;
+        uint8_t* half = k_smem + db * kBoxBytes + consumer * (kBoxBytes / 2);
+        TmaStore3Uncommitted(&maps.grad_k, half, col, row, seg.batch);
+        TmaStore3Uncommitted(&maps.grad_v, half + kKBytes, col, row, seg.batch);
+      }
+      TmaStoreCommit();
+      TmaStoreWaitRead<0>();
+    }
+    NamedBarrier(2 + consumer, 128);  // the stores have read this consumer's rows
+    BarrierArrive(kv_empty);
   }
+  if (tid == 0) TmaStoreWaitAll();
 }
 
 // Query tiles of 64 rows (the backward's) over a sequence, and the floats of
@@ -782,7 +860,7 @@ std::string HopperAttentionBackward(const HopperAttentionGradientOperands& g, vo
   why = Launched("dO.O's launch");
   if (!why.empty()) return why;
   const int64_t kv_tiles = (a.seq + kBlockKv - 1) / kBlockKv;
-  const int blocks = static_cast<int>(kv_tiles * a.batch * a.kv_heads);
+  const int blocks = BackwardSlots(static_cast<int>(a.batch * a.kv_heads), static_cast<int>(kv_tiles));
   BackwardKernel<<<blocks, kThreads, kBackwardSmemBytes, s>>>(maps);
   why = Launched("the backward's launch");
   if (!why.empty()) return why;
