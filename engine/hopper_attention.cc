@@ -53,13 +53,24 @@ kernels::HopperAttentionOperands Operands(const torch::Tensor& q, const torch::T
   return a;
 }
 
+// The rotary embedding's positions and frequencies that q and k were rotated
+// by, or neither (HopperCausalAttention). A struct, not two tensor arguments:
+// autograd takes every tensor argument of a Function as an input, and
+// refuses an undefined one.
+struct RopeTables {
+  torch::Tensor positions, inv_freq;
+};
+
 // O = attention(q, k, v) by the forward kernel; saves q, k, v, O and the
-// log-sum-exps; the backward hands the gradients back as column views of one
-// buffer laid out as q|k|v.
+// log-sum-exps (and the rotary embedding's positions and frequencies where
+// given); the backward hands the gradients back as column views of one
+// buffer laid out as q|k|v, q's and k's rotated back where the rotary
+// embedding's were given.
 class HopperAttentionFunction : public torch::autograd::Function<HopperAttentionFunction> {
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& q, const torch::Tensor& k,
-                               const torch::Tensor& v, int64_t batch, int64_t seq, int64_t heads, int64_t kv_heads) {
+                               const torch::Tensor& v, int64_t batch, int64_t seq, int64_t heads, int64_t kv_heads,
+                               const RopeTables& rope) {
     const c10::cuda::CUDAGuard guard(q.device());
     torch::Tensor o = torch::empty({batch * seq, heads * kHeadDim}, q.options());
     torch::Tensor lse = torch::empty({batch, heads, seq}, q.options().dtype(torch::kFloat32));
@@ -69,6 +80,10 @@ class HopperAttentionFunction : public torch::autograd::Function<HopperAttention
     runs.fetch_add(1, std::memory_order_relaxed);
     ctx->save_for_backward({q, k, v, o, lse});
     ctx->saved_data["shape"] = std::vector<int64_t>{batch, seq, heads, kv_heads};
+    if (rope.positions.defined()) {
+      ctx->saved_data["rope_positions"] = rope.positions.to(torch::kInt64).contiguous();
+      ctx->saved_data["rope_inv_freq"] = rope.inv_freq.to(torch::kFloat32).contiguous();
+    }
     return o;
   }
 
@@ -96,9 +111,16 @@ class HopperAttentionFunction : public torch::autograd::Function<HopperAttention
     g.grad_v = dv.data_ptr();
     g.grad_q_stride = g.grad_k_stride = g.grad_v_stride = grad.stride(0);
     g.workspace = workspace.data_ptr();
+    torch::Tensor rope_positions, rope_inv_freq;  // kept alive through the launch
+    if (ctx->saved_data.find("rope_positions") != ctx->saved_data.end()) {
+      rope_positions = ctx->saved_data["rope_positions"].toTensor();
+      rope_inv_freq = ctx->saved_data["rope_inv_freq"].toTensor();
+      g.rope_positions = rope_positions.data_ptr<int64_t>();
+      g.rope_inv_freq = rope_inv_freq.data_ptr<float>();
+    }
     const std::string error = kernels::HopperAttentionBackward(g, c10::cuda::getCurrentCUDAStream().stream());
     TORCH_CHECK(error.empty(), error);
-    return {dq, dk, dv, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    return {dq, dk, dv, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 #endif
@@ -109,30 +131,43 @@ void SetHopperAttention(bool on) { Setting().store(on); }
 
 bool HopperAttentionEnabled() { return Setting().load(std::memory_order_relaxed); }
 
-bool HopperAttentionTakes(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                          int64_t head_dim) {
+bool HopperAttentionFits(const torch::Device& device, torch::ScalarType dtype, int64_t head_dim) {
 #ifdef TRAINERD_WITH_HOPPER_KERNELS
-  if (!HopperAttentionEnabled() || head_dim != kHeadDim || !HopperBf16Rows(q) || !HopperBf16Rows(k) ||
-      !HopperBf16Rows(v) || k.device() != q.device() || v.device() != q.device()) {
+  if (!HopperAttentionEnabled() || head_dim != kHeadDim || !device.is_cuda() || dtype != torch::kBFloat16) {
     return false;
   }
-  const c10::cuda::CUDAGuard guard(q.device());
+  const c10::cuda::CUDAGuard guard(device);
   return kernels::HopperAttentionSuits();
 #else
-  (void)q, (void)k, (void)v, (void)head_dim;
+  (void)device, (void)dtype, (void)head_dim;
   return false;
 #endif
 }
 
+bool HopperAttentionTakes(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                          int64_t head_dim) {
+  return HopperBf16Rows(q) && HopperBf16Rows(k) && HopperBf16Rows(v) && k.device() == q.device() &&
+         v.device() == q.device() && HopperAttentionFits(q.device(), q.scalar_type(), head_dim);
+}
+
 torch::Tensor HopperCausalAttention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                                    int64_t batch, int64_t seq, int64_t heads, int64_t kv_heads) {
+                                    int64_t batch, int64_t seq, int64_t heads, int64_t kv_heads,
+                                    const torch::Tensor& rope_positions, const torch::Tensor& rope_inv_freq) {
 #ifdef TRAINERD_WITH_HOPPER_KERNELS
   TORCH_CHECK(q.size(0) == batch * seq && k.size(0) == batch * seq && v.size(0) == batch * seq &&
                   q.size(1) == heads * kHeadDim && k.size(1) == kv_heads * kHeadDim && v.size(1) == k.size(1),
               "HopperCausalAttention: q, k, v must be (batch * seq, heads * 128) and (batch * seq, kv_heads * 128)");
-  return HopperAttentionFunction::apply(q, k, v, batch, seq, heads, kv_heads);
+  TORCH_CHECK(rope_positions.defined() == rope_inv_freq.defined() &&
+                  (!rope_positions.defined() ||
+                   (rope_positions.numel() == batch * seq && rope_inv_freq.numel() == kHeadDim / 2 &&
+                    rope_positions.device() == q.device() && rope_inv_freq.device() == q.device())),
+              "HopperCausalAttention: the rotary embedding's positions (batch * seq) and inverse frequencies (64) "
+              "go together, on q's device");
+  return HopperAttentionFunction::apply(q, k, v, batch, seq, heads, kv_heads,
+                                        RopeTables{rope_positions, rope_inv_freq});
 #else
-  (void)q, (void)k, (void)v, (void)batch, (void)seq, (void)heads, (void)kv_heads;
+  (void)q, (void)k, (void)v, (void)batch, (void)seq, (void)heads, (void)kv_heads, (void)rope_positions,
+      (void)rope_inv_freq;
   TORCH_CHECK(false, "HopperCausalAttention: this build has no Hopper kernels");
   return {};
 #endif

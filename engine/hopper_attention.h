@@ -17,8 +17,13 @@ namespace trainerd::engine {
 void SetHopperAttention(bool on);
 bool HopperAttentionEnabled();
 
-// Whether the kernels take these operands: the setting on, a build with the
-// Hopper kernels, a Hopper GPU, bf16, heads of 128; q, k and v as below.
+// Whether the kernels take operands of this device, dtype and head size:
+// the setting on, a build with the Hopper kernels, a Hopper GPU, bf16, heads
+// of 128. What a caller decides by before the operands exist.
+bool HopperAttentionFits(const torch::Device& device, torch::ScalarType dtype, int64_t head_dim);
+
+// Whether the kernels take these operands: HopperAttentionFits, and q, k and
+// v laid out as below.
 bool HopperAttentionTakes(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                           int64_t head_dim);
 
@@ -29,8 +34,15 @@ bool HopperAttentionTakes(const torch::Tensor& q, const torch::Tensor& k, const 
 // contiguous. Differentiable: the backward writes dq, dk and dv into one
 // (batch * seq, (heads + 2 kv_heads) * 128) buffer and returns column views of
 // it. Only where HopperAttentionTakes.
+// Given rope_positions ((batch * seq) int64) and rope_inv_freq (64 float32),
+// on q's device: q and k are the rotary embedding's output at those
+// positions, and the backward returns q's and k's gradients rotated back, in
+// its own passes (dQ's conversion, dK's epilogue): the gradients with respect
+// to q and k before the rotation, for a producer that rotated them itself and
+// takes them so (QkvRope::gradient_rotated_back, engine/linear_group.h).
 torch::Tensor HopperCausalAttention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                                    int64_t batch, int64_t seq, int64_t heads, int64_t kv_heads);
+                                    int64_t batch, int64_t seq, int64_t heads, int64_t kv_heads,
+                                    const torch::Tensor& rope_positions = {}, const torch::Tensor& rope_inv_freq = {});
 
 // How many forwards ran on the kernel since the process started (what a
 // test or the worker's note can read).

@@ -212,6 +212,7 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
       ctx->saved_data["rope_inv_freq"] = rope->inv_freq;
       ctx->saved_data["rope_heads"] = rope->rotated_heads;
       ctx->saved_data["rope_head_dim"] = rope->head_dim;
+      ctx->saved_data["rope_gradient_rotated_back"] = rope->gradient_rotated_back;
     }
     tensor_list outputs;
     int64_t row = 0;
@@ -288,10 +289,11 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
       }
     }
 
-    // (N, sum out); with the rotary embedding in the forward, rotated back.
-    const torch::Tensor g = ctx->saved_data.find("rope_heads") != ctx->saved_data.end()
-                                ? RopeGradient(ctx, grads, outs, n)
-                                : StackedGradient(grads, outs, n);
+    // (N, sum out); with the rotary embedding in the forward, rotated back
+    // (here, unless its consumer did: QkvRope::gradient_rotated_back).
+    const bool rotate_back = ctx->saved_data.find("rope_heads") != ctx->saved_data.end() &&
+                             !ctx->saved_data["rope_gradient_rotated_back"].toBool();
+    const torch::Tensor g = rotate_back ? RopeGradient(ctx, grads, outs, n) : StackedGradient(grads, outs, n);
     const int64_t out_total = Sum(outs);
     const torch::Tensor top = widened.narrow(0, 0, out_total);  // [W | sB | 0]
     torch::Tensor grad_x, u;  // u = s g B (N, rank), every LoRA member's columns

@@ -166,13 +166,18 @@ struct SwiGluInput {
 // rotated (in its GEMM's epilogue where ProductWithRope takes the product,
 // else by RotateHeadsInPlace over it) and sets `done`; its backward takes
 // the rotation's first (QkvRopeGradient: the output gradient rotated back
-// into one buffer, as FusedQkvRope's backward writes it). A node that runs
-// its members one by one leaves `done` false: the caller rotates.
+// into one buffer, as FusedQkvRope's backward writes it), unless
+// `gradient_rotated_back`: the caller's promise that the outputs' consumer
+// hands their gradients back rotated back already (attention of our own,
+// engine/hopper_attention.h), which the backward then takes as they come. A
+// node that runs its members one by one leaves `done` false: the caller
+// rotates.
 struct QkvRope {
   torch::Tensor positions;  // (N) int64, a row's position
   torch::Tensor inv_freq;   // (head_dim / 2) float32
   int64_t head_dim = 0;
   int64_t rotated_heads = 0;
+  bool gradient_rotated_back = false;
   bool done = false;
 };
 

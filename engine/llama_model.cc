@@ -273,7 +273,13 @@ torch::Tensor LlamaModel::Attention(const DecoderLayer& layer, const torch::Tens
   QkvRope rope;
   const bool rope_in_group = RopeGemmEnabled(x.device(), x.scalar_type()) && in.segments.defined() &&
                              !in.cos.defined() && in.cudnn != CudnnAttentionMode::kUnavailable;
-  if (rope_in_group) rope = {in.positions, inv_freq_, d, nh + nkv};
+  if (rope_in_group) {
+    rope = {in.positions, inv_freq_, d, nh + nkv};
+    // Attention of our own rotates q's and k's gradients back in its own
+    // passes (dQ's conversion, dK's epilogue): the group's backward then
+    // takes them as they come, with no pass of its own over them.
+    rope.gradient_rotated_back = HopperAttentionFits(x.device(), x.scalar_type(), d);
+  }
   std::vector<torch::Tensor> qkv =
       ForwardGroup(layer.QkvGroup(), x, x_recipe, {layer_masks.draw, layer_masks.first + DecoderLayer::kQkvFirst},
                    nullptr, nullptr, rope_in_group ? &rope : nullptr);
@@ -287,6 +293,9 @@ torch::Tensor LlamaModel::Attention(const DecoderLayer& layer, const torch::Tens
     torch::Tensor q = qkv[0].view({b * t, nh, d});
     torch::Tensor k = qkv[1].view({b * t, nkv, d});
     torch::Tensor v = qkv[2].view({b * t, nkv, d});
+    // Whether the group's node rotated q and k and takes their gradients
+    // rotated back by attention of our own.
+    const bool rotates_back = rope.done && rope.gradient_rotated_back;
     if (rope.done) {
       // Rotated by the group's node: q, k and v stay views of its product.
     } else if (in.cos.defined()) {
@@ -304,13 +313,20 @@ torch::Tensor LlamaModel::Attention(const DecoderLayer& layer, const torch::Tens
     if (in.cudnn != CudnnAttentionMode::kUnavailable) {
       // The kernels of our own where they take the operands (the setting on,
       // a Hopper GPU, bf16, heads of 128): q, k and v as (B*T, heads * d).
-      if (HopperAttentionEnabled()) {
+      if (HopperAttentionFits(x.device(), x.scalar_type(), d)) {
         const torch::Tensor q2 = q.reshape({b * t, nh * d}), k2 = k.reshape({b * t, nkv * d});
         const torch::Tensor v2 = v.reshape({b * t, nkv * d});
         if (HopperAttentionTakes(q2, k2, v2, d)) {
-          return o_proj(HopperCausalAttention(q2, k2, v2, b, t, nh, nkv).view({b, t, nh * d}));
+          const torch::Tensor o = rotates_back
+                                      ? HopperCausalAttention(q2, k2, v2, b, t, nh, nkv, rope.positions, inv_freq_)
+                                      : HopperCausalAttention(q2, k2, v2, b, t, nh, nkv);
+          return o_proj(o.view({b, t, nh * d}));
         }
       }
+      // The group's product is laid out as the kernels take it: its gradient
+      // would otherwise go unrotated.
+      TORCH_CHECK(!rotates_back,
+                  "attention of our own does not take the q|k|v product it was to rotate the gradients of back");
       // Rows of (B, T, heads, d) seen as (B, heads, T, d): no copies.
       auto rows = [&](const torch::Tensor& x, int64_t heads) { return x.view({b, t, heads, d}).transpose(1, 2); };
       torch::Tensor o = CudnnCausalAttention(rows(q, nh), rows(k, nkv), rows(v, nkv), in.cudnn);  // (B, nh, T, d)

@@ -18,8 +18,10 @@
 // dv from the forward's outputs against the reference's (dk and dv summed
 // over the query heads of a group by a block a key), on the 8b row's shape
 // (two sequences) and on shapes with tails (a sequence not a multiple of 128,
-// one kv head, no grouping) and peaky scores (the online softmax's
-// rescaling). An element of O fails when |ours - reference| > 1e-2 (1 +
+// one kv head, no grouping, an odd number of (sequence, kv head) groups) and
+// peaky scores (the online softmax's rescaling); with the rotary embedding's
+// positions given (rope cases), dq and dk against the reference's rotated
+// back on the host. An element of O fails when |ours - reference| > 1e-2 (1 +
 // |reference|) (O is rounded to bf16: 2^-9 relative, and P to bf16 inside
 // the product), the log-sum-exp when off by more than 1e-3 (1 +
 // |reference|); a gradient when its Frobenius error exceeds 1e-2 of the
@@ -51,6 +53,7 @@ struct Case {
   const char* name;
   int batch, seq, heads, kv_heads;
   float amplitude;  // inputs uniform in [-amplitude, amplitude]
+  bool rope = false;  // the backward rotates dq and dk back (rope_positions, rope_inv_freq)
 };
 
 // The q|k|v product's layout (hopper_attention.h): a row a token, q's heads,
@@ -207,7 +210,21 @@ struct Buffers {
   __nv_bfloat16* grad_o = nullptr;
   __nv_bfloat16* grad = nullptr;
   void* workspace = nullptr;
+  int64_t* positions = nullptr;  // with Case::rope: token t of sequence b at 3 b + t
+  float* inv_freq = nullptr;     // llama3's: 500000^(-i / 64)
 };
+
+// The rotary embedding's positions and frequencies of a case (Buffers), on the host.
+std::vector<int64_t> Positions(const Problem& p) {
+  std::vector<int64_t> positions(p.rows());
+  for (int64_t r = 0; r < p.rows(); ++r) positions[r] = 3 * (r / p.c.seq) + r % p.c.seq;
+  return positions;
+}
+std::vector<float> InverseFrequencies() {
+  std::vector<float> inv_freq(kD / 2);
+  for (int i = 0; i < kD / 2; ++i) inv_freq[i] = std::pow(500000.f, -static_cast<float>(2 * i) / kD);
+  return inv_freq;
+}
 
 __nv_bfloat16* Random(int64_t count, float amplitude, uint32_t seed) {
   std::vector<__nv_bfloat16> host(count);
@@ -229,12 +246,21 @@ Buffers Make(const Problem& p, uint32_t seed) {
   CHECK_CUDA(cudaMalloc(&b.grad, p.rows() * p.stride() * 2));
   CHECK_CUDA(cudaMalloc(&b.workspace,
                         trainerd::kernels::HopperAttentionWorkspaceBytes(p.c.batch, p.c.seq, p.c.heads)));
+  if (p.c.rope) {
+    const auto positions = Positions(p);
+    const auto inv_freq = InverseFrequencies();
+    CHECK_CUDA(cudaMalloc(&b.positions, positions.size() * 8));
+    CHECK_CUDA(cudaMalloc(&b.inv_freq, inv_freq.size() * 4));
+    CHECK_CUDA(cudaMemcpy(b.positions, positions.data(), positions.size() * 8, cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemcpy(b.inv_freq, inv_freq.data(), inv_freq.size() * 4, cudaMemcpyHostToDevice));
+  }
   return b;
 }
 
 void Free(Buffers& b) {
   for (void* x : {static_cast<void*>(b.qkv), static_cast<void*>(b.o), static_cast<void*>(b.lse),
-                  static_cast<void*>(b.grad_o), static_cast<void*>(b.grad), b.workspace}) {
+                  static_cast<void*>(b.grad_o), static_cast<void*>(b.grad), b.workspace,
+                  static_cast<void*>(b.positions), static_cast<void*>(b.inv_freq)}) {
     cudaFree(x);
   }
 }
@@ -266,6 +292,8 @@ trainerd::kernels::HopperAttentionGradientOperands GradientOperands(const Proble
   g.grad_v = b.grad + static_cast<int64_t>(p.c.heads + p.c.kv_heads) * kD;
   g.grad_q_stride = g.grad_k_stride = g.grad_v_stride = p.stride();
   g.workspace = b.workspace;
+  g.rope_positions = b.positions;
+  g.rope_inv_freq = b.inv_freq;
   return g;
 }
 
@@ -280,6 +308,26 @@ float* DeviceFloats(int64_t count) {
   float* x = nullptr;
   CHECK_CUDA(cudaMalloc(&x, count * 4));
   return x;
+}
+
+// The rotary embedding's transpose on a float32 reference gradient (rows,
+// heads * 128) in place, rope.cu's formula: cos and sin rounded to bf16.
+void RotateBack(std::vector<float>& grad, const std::vector<int64_t>& positions, int heads) {
+  const auto inv_freq = InverseFrequencies();
+  for (size_t r = 0; r < positions.size(); ++r) {
+    for (int i = 0; i < kD / 2; ++i) {
+      const float f = static_cast<float>(positions[r]) * inv_freq[i];
+      const float c = __bfloat162float(__float2bfloat16(std::cos(f)));
+      const float s = __bfloat162float(__float2bfloat16(std::sin(f)));
+      for (int h = 0; h < heads; ++h) {
+        float& a = grad[(r * heads + h) * kD + i];
+        float& b = grad[(r * heads + h) * kD + i + kD / 2];
+        const float ra = a * c + b * s;
+        b = b * c - a * s;
+        a = ra;
+      }
+    }
+  }
 }
 
 // Columns col0 .. col0 + cols of a bf16 matrix (rows `stride` apart) against
@@ -358,8 +406,12 @@ bool Check(const Case& c) {
   const auto lse = Download(b.lse, p.rows() * c.heads);
   const auto lse_r = Download(lse_ref, p.rows() * c.heads);
   const auto grad = Download(b.grad, p.rows() * p.stride());
-  const auto dq_r = Download(dq_ref, o_count);
-  const auto dk_r = Download(dk_ref, p.rows() * c.kv_heads * kD);
+  auto dq_r = Download(dq_ref, o_count);
+  auto dk_r = Download(dk_ref, p.rows() * c.kv_heads * kD);
+  if (c.rope) {
+    RotateBack(dq_r, Positions(p), c.heads);
+    RotateBack(dk_r, Positions(p), c.kv_heads);
+  }
   const auto dv_r = Download(dv_ref, p.rows() * c.kv_heads * kD);
   for (float* x : {o_ref, lse_ref, dot_ref, dq_ref, dk_ref, dv_ref}) cudaFree(x);
   Free(b);
@@ -495,9 +547,12 @@ int main(int argc, char** argv) {
       {"tails: 3 x 300, 8 / 1", 3, 300, 8, 1, 2.f},
       {"short: 2 x 77, 4 / 4", 2, 77, 4, 4, 2.f},
       {"odd groups: 1 x 512, 4 / 1", 1, 512, 4, 1, 2.f},
+      {"rope: 2 x 300, 8 / 2", 2, 300, 8, 2, 2.f, true},
+      {"8b rope: 1 x 2048, 32 / 8", 1, 2048, 32, 8, 1.f, true},
   };
   const Case timings[] = {
       {"8b: 4 x 2048, 32 / 8 heads", 4, 2048, 32, 8, 1.f},
+      {"8b rope: 4 x 2048", 4, 2048, 32, 8, 1.f, true},
       {"8b-ckpt: 8 x 2048", 8, 2048, 32, 8, 1.f},
       {"long: 1 x 8192, 32 / 8", 1, 8192, 32, 8, 1.f},
   };

@@ -359,6 +359,8 @@ struct BackwardMaps {
   const float* lse;    // (batch, heads, seq)
   const float* dot;    // (batch, heads, seq): dO.O
   float* dq_sums;      // (batch, heads, q64 tiles, 2 halves of 64 columns, 64 x 64 in DqHalfOffset's order)
+  const int64_t* rope_positions;  // null, or dK rotated back (HopperAttentionGradientOperands)
+  const float* rope_inv_freq;
   SequenceShape shape;
   int q64_tiles;
 };
@@ -409,26 +411,55 @@ static_assert(DqHalfOffset(0, 0) == 0 && DqHalfOffset(0, 1) == 1 && DqHalfOffset
                   DqHalfOffset(16, 0) == 64 && DqHalfOffset(63, 63) == 4095,
               "the dQ half's layout");
 
-// dQ = scale * its float32 sums, rounded to bf16 into q's layout: 8 columns a thread.
+// The rotary embedding's transpose on a pair of a head's elements, a (column
+// i < 64) and b (column i + 64), in float32: a c + b s and b c - a s, cos and
+// sin of position * inv_freq[i] (RopeCosSin).
+__device__ __forceinline__ void RotateBack(float& a, float& b, float position, float inv_freq) {
+  const float2 cs = RopeCosSin(position, inv_freq);
+  const float ra = a * cs.x + b * cs.y;
+  b = b * cs.x - a * cs.y;
+  a = ra;
+}
+
+// dQ = scale * its float32 sums, rounded to bf16 into q's layout: a thread
+// takes 8 columns of a head's first half and the same 8 of its second half
+// (the two 64 x 64 halves of the sums), rotated back first where positions
+// are given.
 __global__ void DqKernel(const float* __restrict__ dq_sums, __nv_bfloat16* __restrict__ grad_q, int64_t grad_q_stride,
-                         int seq, int heads, int q64_tiles, float scale, int64_t units) {
+                         int seq, int heads, int q64_tiles, float scale, const int64_t* __restrict__ positions,
+                         const float* __restrict__ inv_freq, int64_t units) {
+  constexpr int kUnits = kHeadDim / 16;  // a (token, head)'s units
   const int64_t unit = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;  // (token, head, 8 columns)
   if (unit >= units) return;
-  const int col = static_cast<int>(unit % (kHeadDim / 8)) * 8;
-  const int head = static_cast<int>(unit / (kHeadDim / 8) % heads);
-  const int64_t token = unit / (kHeadDim / 8) / heads;
+  const int col = static_cast<int>(unit % kUnits) * 8;
+  const int head = static_cast<int>(unit / kUnits % heads);
+  const int64_t token = unit / kUnits / heads;
   const int64_t b = token / seq;
   const int t = static_cast<int>(token % seq);
   const float* sums = dq_sums + ((b * heads + head) * q64_tiles + t / kBackwardQ) * kDqTileFloats +
-                      (col / 64) * (kBackwardQ * 64) + DqHalfOffset(t % kBackwardQ, col % 64);
-  const float4 lo = *reinterpret_cast<const float4*>(sums);
-  const float4 hi = *reinterpret_cast<const float4*>(sums + 4);
-  uint4 out;
-  out.x = PackBf16(lo.x * scale, lo.y * scale);
-  out.y = PackBf16(lo.z * scale, lo.w * scale);
-  out.z = PackBf16(hi.x * scale, hi.y * scale);
-  out.w = PackBf16(hi.z * scale, hi.w * scale);
-  *reinterpret_cast<uint4*>(grad_q + token * grad_q_stride + head * kHeadDim + col) = out;
+                      DqHalfOffset(t % kBackwardQ, col);
+  float lo[8], hi[8];  // columns col .. col + 7, and 64 on
+  *reinterpret_cast<float4*>(lo) = *reinterpret_cast<const float4*>(sums);
+  *reinterpret_cast<float4*>(lo + 4) = *reinterpret_cast<const float4*>(sums + 4);
+  *reinterpret_cast<float4*>(hi) = *reinterpret_cast<const float4*>(sums + kBackwardQ * 64);
+  *reinterpret_cast<float4*>(hi + 4) = *reinterpret_cast<const float4*>(sums + kBackwardQ * 64 + 4);
+  if (positions != nullptr) {
+    const float position = static_cast<float>(__ldg(positions + token));
+#pragma unroll
+    for (int e = 0; e < 8; ++e) RotateBack(lo[e], hi[e], position, __ldg(inv_freq + col + e));
+  }
+  uint4 out_lo, out_hi;
+  out_lo.x = PackBf16(lo[0] * scale, lo[1] * scale);
+  out_lo.y = PackBf16(lo[2] * scale, lo[3] * scale);
+  out_lo.z = PackBf16(lo[4] * scale, lo[5] * scale);
+  out_lo.w = PackBf16(lo[6] * scale, lo[7] * scale);
+  out_hi.x = PackBf16(hi[0] * scale, hi[1] * scale);
+  out_hi.y = PackBf16(hi[2] * scale, hi[3] * scale);
+  out_hi.z = PackBf16(hi[4] * scale, hi[5] * scale);
+  out_hi.w = PackBf16(hi[6] * scale, hi[7] * scale);
+  __nv_bfloat16* row = grad_q + token * grad_q_stride + head * kHeadDim + col;
+  *reinterpret_cast<uint4*>(row) = out_lo;
+  *reinterpret_cast<uint4*>(row + 64) = out_hi;
 }
 
 // The backward's blocks ("slots") and their order. A segment is one kv
@@ -721,6 +752,25 @@ __global__ void __launch_bounds__(kThreads, 1) BackwardKernel(const __grid_const
       add_dq(head, i);
     }
 
+    // dK rotated back where the rotary embedding made k: columns 8 g + ..
+    // of the first half (g < 8) pair with the same of the second (g + 8).
+    if (maps.rope_positions != nullptr) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int key = key0 + 8 * r;
+        if (key >= maps.shape.seq) continue;
+        const float position =
+            static_cast<float>(__ldg(maps.rope_positions + static_cast<int64_t>(seg.batch) * maps.shape.seq + key));
+#pragma unroll
+        for (int g = 0; g < 8; ++g) {
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            const float inv_freq = __ldg(maps.rope_inv_freq + 8 * g + 2 * (lane % 4) + c);
+            RotateBack(dk[4 * g + 2 * r + c], dk[4 * (g + 8) + 2 * r + c], position, inv_freq);
+          }
+        }
+      }
+    }
     // dK (scaled) and dV, rounded to bf16 into K's and V's room once both
     // consumers are done reading it (consumer c's 64 rows: the lower or upper
     // half of each 128-row box, the 64-row boxes of the stores' maps), stored
@@ -834,6 +884,9 @@ std::string HopperAttentionBackward(const HopperAttentionGradientOperands& g, vo
     why = "the gradients and the workspace must be 16-byte aligned, their row strides multiples of 8 elements of "
           "at least the heads' columns";
   }
+  if (why.empty() && (g.rope_positions == nullptr) != (g.rope_inv_freq == nullptr)) {
+    why = "rope_positions and rope_inv_freq go together: both or neither";
+  }
   BackwardMaps maps{};
   if (why.empty()) why = SequenceMap(&maps.q, a.q, a, a.heads * kHeadDim, a.q_stride, kBackwardQ);
   if (why.empty()) why = SequenceMap(&maps.k, a.k, a, a.kv_heads * kHeadDim, a.k_stride, kBlockKv);
@@ -849,6 +902,8 @@ std::string HopperAttentionBackward(const HopperAttentionGradientOperands& g, vo
   maps.lse = a.lse;
   maps.dot = workspace + sums;
   maps.dq_sums = workspace;
+  maps.rope_positions = g.rope_positions;
+  maps.rope_inv_freq = g.rope_inv_freq;
   maps.shape = ShapeOf(a);
   maps.q64_tiles = static_cast<int>(Q64Tiles(a.seq));
 
@@ -864,10 +919,10 @@ std::string HopperAttentionBackward(const HopperAttentionGradientOperands& g, vo
   BackwardKernel<<<blocks, kThreads, kBackwardSmemBytes, s>>>(maps);
   why = Launched("the backward's launch");
   if (!why.empty()) return why;
-  const int64_t units = pairs * (kHeadDim / 8);
+  const int64_t units = pairs * (kHeadDim / 16);
   DqKernel<<<static_cast<unsigned>((units + 255) / 256), 256, 0, s>>>(
       workspace, static_cast<__nv_bfloat16*>(g.grad_q), g.grad_q_stride, maps.shape.seq, maps.shape.heads,
-      maps.q64_tiles, a.scale, units);
+      maps.q64_tiles, a.scale, g.rope_positions, g.rope_inv_freq, units);
   return Launched("dQ's conversion");
 }
 

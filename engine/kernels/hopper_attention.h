@@ -59,6 +59,15 @@ struct HopperAttentionGradientOperands {
   // Scratch of HopperAttentionWorkspaceBytes(batch, seq, heads) bytes,
   // 16-byte aligned: dQ's float32 sums and each row's dO.O.
   void* workspace = nullptr;
+  // Optional, both or neither: q and k are the rotary embedding's output
+  // (rope.cu's rotate_half formula, element i of a head paired with i + 64),
+  // rotated at these positions, and dQ and dK are written rotated back (the
+  // rotation's transpose, in float32 before their one rounding to bf16): the
+  // gradients with respect to q and k before the rotation. rope_positions:
+  // (batch * seq) int64, token t of sequence b at b * seq + t; rope_inv_freq:
+  // 64 float32.
+  const int64_t* rope_positions = nullptr;
+  const float* rope_inv_freq = nullptr;
 };
 
 // The backward's scratch: float32 dQ sums for every 64 query rows of a head
@@ -73,13 +82,14 @@ struct HopperAttentionGradientOperands {
 // error: nothing was written then.
 [[nodiscard]] std::string HopperAttentionForward(const HopperAttentionOperands& operands, void* stream);
 
-// Launches the backward on `stream` (asynchronous; three launches: dO.O a
-// row, the main kernel, dQ's conversion). The main kernel takes a block for
-// each 128 keys of a kv head and loops over the query heads that share it
+// Launches the backward on `stream` (asynchronous; four launches: zeroing
+// dQ's sums, dO.O a row, the main kernel, dQ's conversion). The main kernel
+// takes a block for each pair of 128-key tiles of two kv heads (slots, in
+// hopper_attention.cu) and loops over the query heads that share a kv head
 // and their query tiles of 64 rows at or past the keys (causal), so the
-// grouped heads' dK and dV are summed in registers; dQ's partial products
-// are added by TMA's bulk reduction into float32 sums, converted to bf16 at
-// the end. "" on success, or why it did not launch.
+// grouped heads' dK and dV are summed in registers; dQ's partial products are
+// added by atomics onto float32 sums, converted to bf16 at the end. "" on
+// success, or why it did not launch.
 [[nodiscard]] std::string HopperAttentionBackward(const HopperAttentionGradientOperands& operands, void* stream);
 
 }  // namespace trainerd::kernels

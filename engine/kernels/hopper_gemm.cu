@@ -179,24 +179,18 @@ struct GemmMaps {
 // The rotary embedding over one 16-byte unit of a head's first half (a: 8
 // elements, columns i0 .. i0 + 7 of the head) and the matching unit of its
 // second half (b), in place: the rotary kernel's formula (rope.cu), cos and
-// sin rounded to bf16 as transformers' tables are. Accurate sincosf: the
-// angles reach the thousands.
+// sin as RopeCosSin gives them.
 [[maybe_unused]] __device__ __forceinline__ void Rotate8(uint4& a, uint4& b, float position,
                                                         const float* __restrict__ inv_freq, int i0) {
   auto* a2 = reinterpret_cast<__nv_bfloat162*>(&a);
   auto* b2 = reinterpret_cast<__nv_bfloat162*>(&b);
 #pragma unroll
   for (int e = 0; e < 4; ++e) {
-    float c[2], sn[2];
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      sincosf(position * __ldg(inv_freq + i0 + 2 * e + j), &sn[j], &c[j]);
-      c[j] = __bfloat162float(__float2bfloat16_rn(c[j]));
-      sn[j] = __bfloat162float(__float2bfloat16_rn(sn[j]));
-    }
+    const float2 c0 = RopeCosSin(position, __ldg(inv_freq + i0 + 2 * e));
+    const float2 c1 = RopeCosSin(position, __ldg(inv_freq + i0 + 2 * e + 1));
     const float2 x = __bfloat1622float2(a2[e]), y = __bfloat1622float2(b2[e]);
-    a2[e] = __floats2bfloat162_rn(x.x * c[0] - y.x * sn[0], x.y * c[1] - y.y * sn[1]);
-    b2[e] = __floats2bfloat162_rn(y.x * c[0] + x.x * sn[0], y.y * c[1] + x.y * sn[1]);
+    a2[e] = __floats2bfloat162_rn(x.x * c0.x - y.x * c0.y, x.y * c1.x - y.y * c1.y);
+    b2[e] = __floats2bfloat162_rn(y.x * c0.x + x.x * c0.y, y.y * c1.x + x.y * c1.y);
   }
 }
 

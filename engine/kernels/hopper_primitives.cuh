@@ -1,8 +1,8 @@
 // Device and host pieces that the Hopper kernels (hopper_gemm.cu,
 // hopper_attention.cu) share: mbarriers, TMA loads and stores, named
 // barriers, register reallocation, wgmma's shared-memory descriptors and
-// fences, the 64 x 64 chunk write of an accumulator, and the host's tensor
-// maps. sm_90a only; included by .cu files of the sm_90a libraries.
+// fences, the 64 x 64 chunk write of an accumulator, the rotary embedding's
+// cos and sin, and the host's tensor maps. sm_90a only; included by .cu files of the sm_90a libraries.
 #pragma once
 
 #include <cuda.h>
@@ -14,6 +14,14 @@
 #include <string>
 
 namespace trainerd::kernels::hopper {
+
+// cos and sin of position * inv_freq, rounded to bf16 as transformers' tables
+// are (rope.cu's formula). Accurate sincosf: the angles reach the thousands.
+__device__ __forceinline__ float2 RopeCosSin(float position, float inv_freq) {
+  float c, s;
+  sincosf(position * inv_freq, &s, &c);
+  return make_float2(__bfloat162float(__float2bfloat16_rn(c)), __bfloat162float(__float2bfloat16_rn(s)));
+}
 
 __device__ __forceinline__ uint32_t SmemAddress(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));

@@ -4,8 +4,9 @@
 // and v against plain LibTorch attention in float32 on the same inputs
 // (grouped kv heads, a sequence that ends inside a tile, q|k|v as column views
 // of one product as the engine passes them), and a model trains the same with
-// it as with cuDNN's. Anywhere: what it declines (the setting off, the CPU,
-// float32, heads of 64).
+// it as with cuDNN's; given the rotary embedding's positions, q's and k's
+// gradients come back rotated back. Anywhere: what it declines (the setting
+// off, the CPU, float32, heads of 64).
 #include "engine/hopper_attention.h"
 
 #include <cmath>
@@ -67,6 +68,20 @@ torch::Tensor PlainAttention(const torch::Tensor& q, const torch::Tensor& k, con
   return torch::matmul(torch::softmax(scores, -1), vf).transpose(1, 2).reshape({batch * seq, heads * d});
 }
 
+// The rotary embedding's transpose on a gradient (rows, heads * d) in float32:
+// g cos - rotate_half(g) sin, cos and sin of positions * inv_freq rounded to
+// bf16 as transformers' tables are (what the kernels are to apply).
+torch::Tensor RotatedBack(const torch::Tensor& g, const torch::Tensor& positions, const torch::Tensor& inv_freq,
+                          int64_t d) {
+  const torch::Tensor freqs = positions.to(torch::kFloat32).unsqueeze(1) * inv_freq.unsqueeze(0);  // (rows, d/2)
+  const torch::Tensor emb = torch::cat({freqs, freqs}, 1).unsqueeze(1);                            // (rows, 1, d)
+  const torch::Tensor cos = emb.cos().to(torch::kBFloat16).to(torch::kFloat32);
+  const torch::Tensor sin = emb.sin().to(torch::kBFloat16).to(torch::kFloat32);
+  const torch::Tensor x = g.to(torch::kFloat32).reshape({g.size(0), -1, d});
+  const torch::Tensor rotated_half = torch::cat({-x.narrow(2, d / 2, d / 2), x.narrow(2, 0, d / 2)}, 2);
+  return (x * cos - rotated_half * sin).reshape({g.size(0), -1});
+}
+
 bool OnHopperBf16() {
   if (TorchTestDtype() != torch::kBFloat16 || !TorchTestDevice().is_cuda()) return false;
   AttentionOn on;
@@ -111,6 +126,29 @@ TEST(HopperAttention, MatchesFloat32AttentionForwardAndBackward) {
                                 RelativeError(grad.narrow(1, first, width), want_grad.narrow(1, first, width))),
                 2e-2);
     }
+
+    // Given the rotary embedding's positions (each row's from 5 on) and
+    // llama3's frequencies: dq and dk rotated back, dv as it was.
+    const auto on_device = torch::TensorOptions().device(TorchTestDevice());
+    const torch::Tensor positions = (torch::arange(s.seq, on_device.dtype(torch::kInt64)) + 5).repeat({s.batch});
+    const torch::Tensor inv_freq =
+        torch::pow(500000.0, -torch::arange(0, d, 2, on_device.dtype(torch::kFloat32)) / static_cast<double>(d));
+    const torch::Tensor o_rope =
+        engine::HopperCausalAttention(x.q, x.k, x.v, s.batch, s.seq, s.heads, s.kv_heads, positions, inv_freq);
+    const torch::Tensor grad_rope = torch::autograd::grad({o_rope}, {x.product}, {grad_o})[0];
+    EXPECT_TRUE(torch::equal(o_rope, o)) << "the forward does not change";
+    const torch::Tensor want_dq = RotatedBack(want_grad.narrow(1, 0, s.heads * d), positions, inv_freq, d);
+    const torch::Tensor want_dk =
+        RotatedBack(want_grad.narrow(1, s.heads * d, s.kv_heads * d), positions, inv_freq, d);
+    EXPECT_LE(testing::Report("dq rotated back at " + shape,
+                              RelativeError(grad_rope.narrow(1, 0, s.heads * d), want_dq)),
+              2e-2);
+    EXPECT_LE(testing::Report("dk rotated back at " + shape,
+                              RelativeError(grad_rope.narrow(1, s.heads * d, s.kv_heads * d), want_dk)),
+              2e-2);
+    EXPECT_TRUE(torch::equal(grad_rope.narrow(1, (s.heads + s.kv_heads) * d, s.kv_heads * d),
+                             grad.narrow(1, (s.heads + s.kv_heads) * d, s.kv_heads * d)))
+        << "dv is not rotated";
   }
 }
 
