@@ -398,17 +398,16 @@ __global__ void DotKernel(const __nv_bfloat16* __restrict__ grad_o, int64_t grad
 
 // Where element (row, col) of a consumer's 64 x 64 half of a step's dQ sits
 // in its float32 sums: in the consumers' register order, so that each of a
-// warp's vector atomics adds onto 256 consecutive bytes (row-major, a warp's
-// 32 float2 fell on 8 rows). Accumulator slot k = 2 g + r of thread tid = 32 warp + lane
-// holds row 16 warp + lane / 4 + 8 r, columns 8 g + 2 (lane % 4) + {0, 1},
-// stored as float2 number k * 128 + tid; columns 8 g .. 8 g + 7 of a row are
-// then 8 consecutive floats.
+// warp's 16-byte vector atomics adds onto 512 consecutive bytes. Thread tid =
+// 32 warp + lane holds rows 16 warp + lane / 4 + 8 r (r = 0, 1) and columns
+// 8 g + 2 (lane % 4) + {0, 1} of each group g of 8 columns in accumulators
+// 4 g + 2 r + {0, 1}, stored as float4 number g * 128 + tid.
 __host__ __device__ constexpr int DqHalfOffset(int row, int col) {
-  return ((2 * (col / 8) + (row % 16) / 8) * 128 + 32 * (row / 16) + 4 * (row % 8) + (col % 8) / 2) * 2 + col % 2;
+  return ((col / 8) * 128 + 32 * (row / 16) + 4 * (row % 8) + (col % 8) / 2) * 4 + (row % 16) / 8 * 2 + col % 2;
 }
-static_assert(DqHalfOffset(0, 0) == 0 && DqHalfOffset(0, 1) == 1 && DqHalfOffset(0, 2) == 2 &&
-                  DqHalfOffset(0, 7) == 7 && DqHalfOffset(8, 0) == 256 && DqHalfOffset(1, 0) == 8 &&
-                  DqHalfOffset(16, 0) == 64 && DqHalfOffset(63, 63) == 4095,
+static_assert(DqHalfOffset(0, 0) == 0 && DqHalfOffset(0, 1) == 1 && DqHalfOffset(8, 0) == 2 &&
+                  DqHalfOffset(8, 1) == 3 && DqHalfOffset(0, 2) == 4 && DqHalfOffset(1, 0) == 16 &&
+                  DqHalfOffset(16, 0) == 128 && DqHalfOffset(0, 8) == 512 && DqHalfOffset(63, 63) == 4095,
               "the dQ half's layout");
 
 // The rotary embedding's transpose on a pair of a head's elements, a (column
@@ -421,45 +420,62 @@ __device__ __forceinline__ void RotateBack(float& a, float& b, float position, f
   a = ra;
 }
 
-// dQ = scale * its float32 sums, rounded to bf16 into q's layout: a thread
-// takes 8 columns of a head's first half and the same 8 of its second half
-// (the two 64 x 64 halves of the sums), rotated back first where positions
-// are given.
+// dQ = scale * its float32 sums, rounded to bf16 into q's layout. A thread
+// takes two rows 8 apart (what a float4 of the sums holds) and 8 columns of
+// each half of the head, rotated back first where positions are given; the
+// 8 threads of a row pair's column groups are adjacent (their stores, a row's
+// 128 bytes of each half, coalesce).
 __global__ void DqKernel(const float* __restrict__ dq_sums, __nv_bfloat16* __restrict__ grad_q, int64_t grad_q_stride,
                          int seq, int heads, int q64_tiles, float scale, const int64_t* __restrict__ positions,
                          const float* __restrict__ inv_freq, int64_t units) {
-  constexpr int kUnits = kHeadDim / 16;  // a (token, head)'s units
-  const int64_t unit = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;  // (token, head, 8 columns)
+  int64_t unit = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (unit >= units) return;
-  const int col = static_cast<int>(unit % kUnits) * 8;
-  const int head = static_cast<int>(unit / kUnits % heads);
-  const int64_t token = unit / kUnits / heads;
-  const int64_t b = token / seq;
-  const int t = static_cast<int>(token % seq);
-  const float* sums = dq_sums + ((b * heads + head) * q64_tiles + t / kBackwardQ) * kDqTileFloats +
-                      DqHalfOffset(t % kBackwardQ, col);
-  float lo[8], hi[8];  // columns col .. col + 7, and 64 on
-  *reinterpret_cast<float4*>(lo) = *reinterpret_cast<const float4*>(sums);
-  *reinterpret_cast<float4*>(lo + 4) = *reinterpret_cast<const float4*>(sums + 4);
-  *reinterpret_cast<float4*>(hi) = *reinterpret_cast<const float4*>(sums + kBackwardQ * 64);
-  *reinterpret_cast<float4*>(hi + 4) = *reinterpret_cast<const float4*>(sums + kBackwardQ * 64 + 4);
-  if (positions != nullptr) {
-    const float position = static_cast<float>(__ldg(positions + token));
+  // unit = (((b * q64_tiles + i) * heads + head) * 32 + 8 w + q) * 8 + g: rows
+  // 64 i + 16 w + q and + 8 of sequence b, columns 8 g .. 8 g + 7 (and + 64).
+  const int g = static_cast<int>(unit % 8);
+  unit /= 8;
+  const int q = static_cast<int>(unit % 8), w = static_cast<int>(unit / 8 % 4);
+  unit /= 32;
+  const int head = static_cast<int>(unit % heads);
+  unit /= heads;
+  const int i = static_cast<int>(unit % q64_tiles);
+  const int64_t b = unit / q64_tiles;
+  const float* sums = dq_sums + ((b * heads + head) * q64_tiles + i) * kDqTileFloats + (g * 128 + 32 * w + 4 * q) * 4;
+  float v[2][2][8];  // [half][r][column]: float4 j holds columns 2 j, 2 j + 1 of rows r = 0, 1
 #pragma unroll
-    for (int e = 0; e < 8; ++e) RotateBack(lo[e], hi[e], position, __ldg(inv_freq + col + e));
+  for (int half = 0; half < 2; ++half) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float4 x = *reinterpret_cast<const float4*>(sums + half * (kBackwardQ * 64) + 4 * j);
+      v[half][0][2 * j] = x.x, v[half][0][2 * j + 1] = x.y, v[half][1][2 * j] = x.z, v[half][1][2 * j + 1] = x.w;
+    }
   }
-  uint4 out_lo, out_hi;
-  out_lo.x = PackBf16(lo[0] * scale, lo[1] * scale);
-  out_lo.y = PackBf16(lo[2] * scale, lo[3] * scale);
-  out_lo.z = PackBf16(lo[4] * scale, lo[5] * scale);
-  out_lo.w = PackBf16(lo[6] * scale, lo[7] * scale);
-  out_hi.x = PackBf16(hi[0] * scale, hi[1] * scale);
-  out_hi.y = PackBf16(hi[2] * scale, hi[3] * scale);
-  out_hi.z = PackBf16(hi[4] * scale, hi[5] * scale);
-  out_hi.w = PackBf16(hi[6] * scale, hi[7] * scale);
-  __nv_bfloat16* row = grad_q + token * grad_q_stride + head * kHeadDim + col;
-  *reinterpret_cast<uint4*>(row) = out_lo;
-  *reinterpret_cast<uint4*>(row + 64) = out_hi;
+  const int col = 8 * g;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int t = i * kBackwardQ + 16 * w + q + 8 * r;
+    if (t >= seq) continue;
+    const int64_t token = b * seq + t;
+    float* lo = v[0][r];
+    float* hi = v[1][r];
+    if (positions != nullptr) {
+      const float position = static_cast<float>(__ldg(positions + token));
+#pragma unroll
+      for (int e = 0; e < 8; ++e) RotateBack(lo[e], hi[e], position, __ldg(inv_freq + col + e));
+    }
+    uint4 out_lo, out_hi;
+    out_lo.x = PackBf16(lo[0] * scale, lo[1] * scale);
+    out_lo.y = PackBf16(lo[2] * scale, lo[3] * scale);
+    out_lo.z = PackBf16(lo[4] * scale, lo[5] * scale);
+    out_lo.w = PackBf16(lo[6] * scale, lo[7] * scale);
+    out_hi.x = PackBf16(hi[0] * scale, hi[1] * scale);
+    out_hi.y = PackBf16(hi[2] * scale, hi[3] * scale);
+    out_hi.z = PackBf16(hi[4] * scale, hi[5] * scale);
+    out_hi.w = PackBf16(hi[6] * scale, hi[7] * scale);
+    __nv_bfloat16* row = grad_q + token * grad_q_stride + head * kHeadDim + col;
+    *reinterpret_cast<uint4*>(row) = out_lo;
+    *reinterpret_cast<uint4*>(row + 64) = out_hi;
+  }
 }
 
 // The backward's blocks ("slots") and their order. A segment is one kv
@@ -652,9 +668,9 @@ __global__ void __launch_bounds__(kThreads, 1) BackwardKernel(const __grid_const
     const int key0 = seg.j * kBlockKv + consumer * 64 + 16 * warp + lane / 4;
 #pragma unroll
     for (int e = 0; e < 64; ++e) dk[e] = dv[e] = 0.f;
-    // A step's dQ half (head, query tile i) onto its float32 sums, slot k =
-    // 2 g + r in DqHalfOffset's order: each of a warp's atomics adds 256
-    // consecutive bytes (red.global.add.v2.f32). Staging the half in shared
+    // A step's dQ half (head, query tile i) onto its float32 sums, group g
+    // in DqHalfOffset's order: each of a warp's atomics adds 512 consecutive
+    // bytes (red.global.add.v4.f32). Staging the half in shared
     // memory for one bulk reduction (TMA) instead was measured no faster and
     // spent 32 KB of shared memory and two barriers a step (NOTES.md).
     auto add_dq = [&](int head, int i) {
@@ -664,8 +680,9 @@ __global__ void __launch_bounds__(kThreads, 1) BackwardKernel(const __grid_const
                     consumer * (kBackwardQ * 64);
       FenceRegisters(dq);
 #pragma unroll
-      for (int k = 0; k < 16; ++k) {
-        atomicAdd(reinterpret_cast<float2*>(sums) + k * 128 + tid, make_float2(dq[2 * k], dq[2 * k + 1]));
+      for (int g = 0; g < 8; ++g) {
+        atomicAdd(reinterpret_cast<float4*>(sums) + g * 128 + tid,
+                  make_float4(dq[4 * g], dq[4 * g + 1], dq[4 * g + 2], dq[4 * g + 3]));
       }
     };
     BarrierWait(kv_full, m & 1);
@@ -919,7 +936,7 @@ std::string HopperAttentionBackward(const HopperAttentionGradientOperands& g, vo
   BackwardKernel<<<blocks, kThreads, kBackwardSmemBytes, s>>>(maps);
   why = Launched("the backward's launch");
   if (!why.empty()) return why;
-  const int64_t units = pairs * (kHeadDim / 16);
+  const int64_t units = a.batch * maps.q64_tiles * a.heads * 32 * 8;  // DqKernel's: row pairs x column groups
   DqKernel<<<static_cast<unsigned>((units + 255) / 256), 256, 0, s>>>(
       workspace, static_cast<__nv_bfloat16*>(g.grad_q), g.grad_q_stride, maps.shape.seq, maps.shape.heads,
       maps.q64_tiles, a.scale, g.rope_positions, g.rope_inv_freq, units);
