@@ -20,11 +20,18 @@ namespace {
 
 std::atomic<int64_t> runs{0};
 
-std::atomic<bool>& Setting() {
-  static std::atomic<bool> on{[] {
-    const char* v = std::getenv("TRAINERD_HOPPER_ATTENTION");
-    return v != nullptr && std::strcmp(v, "1") == 0;
-  }()};
+constexpr int kAuto = -1;  // the setting neither given nor set: on
+
+// TRAINERD_HOPPER_ATTENTION as the environment gave it: 1 on, another value
+// off, unset kAuto.
+int EnvironmentSetting() {
+  const char* v = std::getenv("TRAINERD_HOPPER_ATTENTION");
+  if (v == nullptr) return kAuto;
+  return std::strcmp(v, "1") == 0 ? 1 : 0;
+}
+
+std::atomic<int>& Setting() {
+  static std::atomic<int> on{EnvironmentSetting()};
   return on;
 }
 
@@ -127,9 +134,13 @@ class HopperAttentionFunction : public torch::autograd::Function<HopperAttention
 
 }  // namespace
 
-void SetHopperAttention(bool on) { Setting().store(on); }
+void SetHopperAttention(bool on) { Setting().store(on ? 1 : 0); }
 
-bool HopperAttentionEnabled() { return Setting().load(std::memory_order_relaxed); }
+void ResetHopperAttention() { Setting().store(EnvironmentSetting()); }
+
+bool HopperAttentionEnabled() { return Setting().load(std::memory_order_relaxed) != 0; }
+
+bool HopperAttentionIsAutomatic() { return Setting().load(std::memory_order_relaxed) == kAuto; }
 
 bool HopperAttentionFits(const torch::Device& device, torch::ScalarType dtype, int64_t head_dim) {
 #ifdef TRAINERD_WITH_HOPPER_KERNELS

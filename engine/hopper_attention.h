@@ -1,9 +1,10 @@
 // Causal attention on the kernels of our own for Hopper GPUs
 // (engine/kernels/hopper_attention.h: forward and backward, the grouped kv
 // heads' dK and dV summed inside the backward), for unpacked rows where the
-// engine otherwise runs cuDNN's (engine/cudnn_attention.h). Behind
-// TRAINERD_HOPPER_ATTENTION=1 (or SetHopperAttention), off by default until
-// the training step is measured faster with it (bench/speed/settings.sh).
+// engine otherwise runs cuDNN's (engine/cudnn_attention.h). On by default
+// where the kernels take the operands (bf16 on a Hopper GPU, heads of 128:
+// the 8b step measured 0.9% faster than with cuDNN's, bench/speed/NOTES.md);
+// TRAINERD_HOPPER_ATTENTION=0 (or SetHopperAttention(false)) turns it off.
 #pragma once
 
 #include <cstdint>
@@ -12,10 +13,16 @@
 
 namespace trainerd::engine {
 
-// The setting: TRAINERD_HOPPER_ATTENTION=1 in the environment at first use,
-// or SetHopperAttention.
+// The setting: TRAINERD_HOPPER_ATTENTION in the environment at first use (0
+// off, 1 on; unset: on, the automatic setting), or SetHopperAttention;
+// ResetHopperAttention goes back to what the environment said. On, the
+// kernels still run only where they take the operands.
 void SetHopperAttention(bool on);
+void ResetHopperAttention();
 bool HopperAttentionEnabled();
+// Whether the setting is the automatic one (neither in the environment nor
+// set by SetHopperAttention).
+bool HopperAttentionIsAutomatic();
 
 // Whether the kernels take operands of this device, dtype and head size:
 // the setting on, a build with the Hopper kernels, a Hopper GPU, bf16, heads

@@ -29,7 +29,8 @@
 #   TRAINERD_HOPPER_GEMM=0|1|2           trainerd's SwiGLU in the MLP's GEMMs (engine/epilogue_gemm.h; 1 forward, 2
 #                                        backward too; unset: 2 for bf16 on a Hopper GPU)
 #   TRAINERD_HOPPER_ROPE=0|1             trainerd's rotary embedding in q|k|v's GEMM (unset: on there)
-#   TRAINERD_HOPPER_ATTENTION=1          trainerd's attention on its Hopper kernels (engine/hopper_attention.h)
+#   TRAINERD_HOPPER_ATTENTION=0|1        trainerd's attention on its Hopper kernels (engine/hopper_attention.h; unset:
+#                                        on for bf16 on a Hopper GPU with heads of 128)
 #   TRAINERD_COMMIT=abc123               the commit to report (default: git's HEAD; give it for a tree copied without .git)
 #   PROFILE=1                            after each trainerd row, profile two more of its steps (trainerd-worker
 #                                        --profile) and summarise where they went: profile-ROW.txt in the results
@@ -369,11 +370,13 @@ for r in $rows; do
         taken=$(grep -o "$setting\(, $setting\)*: the first step ran .* of the Hopper GEMM" "$base.log" |
                 head -1 | sed 's/: the first step ran \(.*\) of the Hopper GEMM/ (first step: \1 on it)/')
         [ -n "$taken" ] && settings="$settings; $taken"
-        if [ "${TRAINERD_HOPPER_ATTENTION:-0}" = 1 ]; then
-          taken=$(grep -o 'TRAINERD_HOPPER_ATTENTION=1: the first step ran attention in [0-9]* forwards' "$base.log" |
-                  head -1 | sed 's/: the first step ran attention in \([0-9]*\) forwards/ (first step: \1 attention forwards on it)/')
-          settings="$settings; ${taken:-TRAINERD_HOPPER_ATTENTION=1 (no note of the forwards taken)}"
-        fi
+        # Attention on the Hopper kernels of our own (on by default where they take it): the worker's note.
+        note='TRAINERD_HOPPER_ATTENTION=1\( (the default here)\)\?: the first step ran attention in [0-9]* forwards'
+        taken=$(grep -o "$note" "$base.log" | head -1 |
+                sed 's/: the first step ran attention in \([0-9]*\) forwards/ (first step: \1 attention forwards on it)/')
+        [ -z "$taken" ] && [ "${TRAINERD_HOPPER_ATTENTION:-}" = 1 ] &&
+          taken="TRAINERD_HOPPER_ATTENTION=1 (no note of the forwards taken)"
+        [ -n "$taken" ] && settings="$settings; $taken"
         [ "$profile" = 1 ] && [ "$rc" = 0 ] && profile_row "$r" "$base"
       fi
     else

@@ -9,7 +9,8 @@
 #
 # Environment (all optional):
 #   SETTINGS   space-separated G,R or G,R,A: TRAINERD_HOPPER_GEMM=G (0, 1 or 2), TRAINERD_HOPPER_ROPE=R
-#              (0 or 1) and TRAINERD_HOPPER_ATTENTION=A (0 or 1, default 0; engine/hopper_attention.h), run in
+#              (0 or 1) and TRAINERD_HOPPER_ATTENTION=A (0 or 1; without A unset: the engine's default, on for
+#              bf16 on a Hopper GPU; engine/hopper_attention.h), run in
 #              this order; default "0,0 1,0 2,0 0,1 2,1 0,0 1,0 2,0 0,1 2,1"
 #   ROW        the row of run.sh (default 8b)
 #   BUDGET_S   start no further setting after this many seconds (default 0: run them all)
@@ -34,13 +35,15 @@ done
 failed=0
 for s in $settings; do
   IFS=, read -r gemm rope attention <<< "$s"
-  attention=${attention:-0}
   if [ "$budget" -gt 0 ] && [ "$SECONDS" -ge "$budget" ]; then echo "BUDGET_S reached: not run: $s and after"; break; fi
-  log=$logs/$row-gemm$gemm-rope$rope-attention$attention-$SECONDS.txt
-  TRAINERD_HOPPER_GEMM=$gemm TRAINERD_HOPPER_ROPE=$rope TRAINERD_HOPPER_ATTENTION=$attention ROWS=$row \
-    SYSTEMS=trainerd NO_BUILD=$no_build \
+  log=$logs/$row-gemm$gemm-rope$rope-attention${attention:-default}-$SECONDS.txt
+  attention_env=(-u TRAINERD_HOPPER_ATTENTION)
+  [ -n "$attention" ] && attention_env=(TRAINERD_HOPPER_ATTENTION="$attention")
+  env "${attention_env[@]}" TRAINERD_HOPPER_GEMM="$gemm" TRAINERD_HOPPER_ROPE="$rope" ROWS="$row" \
+    SYSTEMS=trainerd NO_BUILD="$no_build" \
     bash bench/speed/run.sh > "$log" 2>&1 || failed=1
-  echo "== TRAINERD_HOPPER_GEMM=$gemm TRAINERD_HOPPER_ROPE=$rope TRAINERD_HOPPER_ATTENTION=$attention (at $SECONDS s; $log)"
+  echo "== TRAINERD_HOPPER_GEMM=$gemm TRAINERD_HOPPER_ROPE=$rope TRAINERD_HOPPER_ATTENTION=${attention:-(default)}" \
+    "(at $SECONDS s; $log)"
   grep -E '^\|.*trainerd|ERROR' "$log" | head -3
   no_build=1  # built (or not buildable) by the first setting
 done

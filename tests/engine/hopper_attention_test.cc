@@ -10,6 +10,7 @@
 #include "engine/hopper_attention.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <string>
 #include <tuple>
@@ -29,10 +30,14 @@ using testing::RelativeError;
 using testing::TorchTestDevice;
 using testing::TorchTestDtype;
 
-// Switches the kernels on for a scope.
+// Switches the kernels on, or off, for a scope.
 struct AttentionOn {
   AttentionOn() { engine::SetHopperAttention(true); }
-  ~AttentionOn() { engine::SetHopperAttention(false); }
+  ~AttentionOn() { engine::ResetHopperAttention(); }
+};
+struct AttentionOff {
+  AttentionOff() { engine::SetHopperAttention(false); }
+  ~AttentionOff() { engine::ResetHopperAttention(); }
 };
 
 // A q|k|v product of `rows` tokens (bf16, random, requiring its gradient) and
@@ -162,7 +167,10 @@ TEST(HopperAttention, DeclinesWhatItShould) {
   }
   if (!OnHopperBf16()) return;
   const Qkv x = MakeQkv(128, 2, 1, 128, torch::kBFloat16, TorchTestDevice());
-  EXPECT_FALSE(engine::HopperAttentionTakes(x.q, x.k, x.v, 128)) << "the setting is off";
+  {
+    AttentionOff off;
+    EXPECT_FALSE(engine::HopperAttentionTakes(x.q, x.k, x.v, 128)) << "the setting is off";
+  }
   AttentionOn on;
   const Qkv f32 = MakeQkv(128, 2, 1, 128, torch::kFloat32, TorchTestDevice());
   EXPECT_FALSE(engine::HopperAttentionTakes(f32.q, f32.k, f32.v, 128));
@@ -170,26 +178,60 @@ TEST(HopperAttention, DeclinesWhatItShould) {
   EXPECT_FALSE(engine::HopperAttentionTakes(d64.q, d64.k, d64.v, 64));
 }
 
+// The setting: on unless the environment or SetHopperAttention turns it off;
+// ResetHopperAttention goes back to the environment's.
+TEST(HopperAttention, OnByDefault) {
+  engine::ResetHopperAttention();
+  if (std::getenv("TRAINERD_HOPPER_ATTENTION") == nullptr) {
+    EXPECT_TRUE(engine::HopperAttentionIsAutomatic());
+    EXPECT_TRUE(engine::HopperAttentionEnabled());
+  }
+  {
+    AttentionOff off;
+    EXPECT_FALSE(engine::HopperAttentionEnabled());
+    EXPECT_FALSE(engine::HopperAttentionIsAutomatic());
+    EXPECT_FALSE(engine::HopperAttentionFits(TorchTestDevice(), torch::kBFloat16, 128));
+  }
+  {
+    AttentionOn on;
+    EXPECT_TRUE(engine::HopperAttentionEnabled());
+    EXPECT_FALSE(engine::HopperAttentionIsAutomatic());
+  }
+  EXPECT_EQ(engine::HopperAttentionIsAutomatic(), std::getenv("TRAINERD_HOPPER_ATTENTION") == nullptr);
+}
+
 // A model with heads of 128 (hidden 1024, 8 heads, one kv head) trains the
 // same with attention on the kernels as on cuDNN's: each layer's attention
-// runs on them once; the loss and adapter gradients as without.
+// runs on them once; the loss and adapter gradients as without. Again with
+// every layer recomputed in the backward (activation checkpointing: the
+// forward runs twice, the rotation's gradient still taken once).
 TEST(HopperAttention, ModelTrainsAsWithoutIt) {
   if (!OnHopperBf16()) GTEST_SKIP() << "the kernels need bf16 on a Hopper GPU in a build with them";
   auto model = testing::HopperSizedModel({1024, 2048, 8, 1, 128});
   model->set_training(true);
   std::vector<engine::TokenExample> storage;
   const engine::Batch batch = testing::TwoRows(*model, storage);
-  const testing::Trained plain = testing::LossAndGradients(*model, batch);
-  testing::Trained ours;
-  int64_t runs = 0;
-  {
-    AttentionOn on;
-    const int64_t before = engine::HopperAttentionRuns();
-    ours = testing::LossAndGradients(*model, batch);
-    runs = engine::HopperAttentionRuns() - before;
+  for (const bool checkpointing : {false, true}) {
+    model->set_gradient_checkpointing(checkpointing);
+    testing::Trained plain;
+    {
+      AttentionOff off;
+      plain = testing::LossAndGradients(*model, batch);
+    }
+    testing::Trained ours;
+    int64_t runs = 0;
+    {
+      AttentionOn on;
+      const int64_t before = engine::HopperAttentionRuns();
+      ours = testing::LossAndGradients(*model, batch);
+      runs = engine::HopperAttentionRuns() - before;
+    }
+    EXPECT_EQ(runs, checkpointing ? 4 : 2) << "each layer's attention, again in the recomputation";
+    testing::ExpectTrainsAs(ours, plain,
+                            std::string("attention on the Hopper kernels against cuDNN's") +
+                                (checkpointing ? ", every layer recomputed" : ""));
   }
-  EXPECT_EQ(runs, 2) << "each layer's attention";
-  testing::ExpectTrainsAs(ours, plain, "attention on the Hopper kernels against cuDNN's");
+  model->set_gradient_checkpointing(false);
 }
 
 }  // namespace
