@@ -2,8 +2,9 @@
 // the 8b decoder's heads of 128 with grouped kv heads: the forward, O =
 // softmax(scale Q K^T + causal mask) V with the log-sum-exp of each row's
 // scaled scores, and the backward, dQ, dK and dV. The measure it has to beat
-// is cuDNN's (engine/cudnn_attention.h), which the engine runs by default;
-// engine/hopper_attention.h runs these instead behind TRAINERD_HOPPER_ATTENTION=1.
+// is cuDNN's (engine/cudnn_attention.h), which the engine runs where these do
+// not apply; engine/hopper_attention.h runs these where they take the
+// operands (on by default; TRAINERD_HOPPER_ATTENTION=0 turns them off).
 // bench/attention/hopper_attention.cu checks them against float32 reference
 // kernels and times them.
 //
