@@ -3,6 +3,7 @@
 // primitives, hopper_primitives.cuh). bench/attention/hopper_attention.cu
 // checks it against a float32 reference and times it.
 #include "engine/kernels/hopper_attention.h"
+#include "engine/kernels/hopper_attention_schedule.h"
 #include "engine/kernels/hopper_primitives.cuh"
 
 #include <cuda.h>
@@ -478,62 +479,7 @@ __global__ void DqKernel(const float* __restrict__ dq_sums, __nv_bfloat16* __res
   }
 }
 
-// The backward's blocks ("slots") and their order. A segment is one kv
-// head's 128 keys j of one sequence (a "group": its query heads share the
-// keys) over the query tiles from the keys' own on: group * (q64 tiles - 2 j)
-// steps, each one query head's 64-row tile, the group's heads inside a tile.
-// A slot runs two segments: keys j of one group with its tiles downwards,
-// then keys kv_tiles - 1 - j of the next group with its tiles upwards. Why:
-// - every slot has the same steps (group * (2 q64 tiles - 2 kv_tiles + 2)),
-//   so the slots fill the SMs in even waves, whatever their order;
-// - the slots of a pair of groups are launched together (slot number: pairs
-//   outermost), so their first segments start together and their second
-//   ones end together: downwards from the same start, or upwards to the same
-//   end, all of a group's segments reach a query tile at about the same
-//   time, and the tile's dQ sums, Q and dO stay in L2 while its keys' blocks
-//   add onto them (the sums of a step per key block otherwise went to DRAM
-//   and back: the blocks of a tile ran hundreds of microseconds apart).
-// An odd group count leaves the last group paired with itself (j with
-// kv_tiles - 1 - j; the middle keys alone where kv_tiles is odd).
-struct BackwardSegment {
-  int batch, kv_head, j, first_i, steps;
-  bool upwards;
-};
-
-int BackwardSlots(int groups, int kv_tiles) { return groups / 2 * kv_tiles + groups % 2 * ((kv_tiles + 1) / 2); }
-
-// Segment m (0 or 1) of a slot, and how many the slot has (1 only for the
-// middle keys of a group paired with itself). Computed where used rather
-// than kept in an array a run-time index would put in local memory.
-__device__ __forceinline__ BackwardSegment SegmentOf(int slot, int m, const BackwardMaps& maps, int* count) {
-  const int groups = maps.shape.batch * maps.shape.kv_heads;
-  const int kv_tiles = (maps.q64_tiles + 1) / 2;
-  const int paired = groups / 2 * kv_tiles;
-  const bool alone = slot >= paired;  // the last of an odd number of groups
-  const int p = alone ? slot - paired : slot % kv_tiles;
-  const int first_group = alone ? groups - 1 : 2 * (slot / kv_tiles);
-  *count = alone && kv_tiles - 1 - p == p ? 1 : 2;
-  const int group = m == 0 || alone ? first_group : first_group + 1;
-  BackwardSegment s;
-  s.batch = group / maps.shape.kv_heads;
-  s.kv_head = group % maps.shape.kv_heads;
-  s.j = m == 0 ? p : kv_tiles - 1 - p;
-  s.first_i = s.j * (kBlockKv / kBackwardQ);
-  s.steps = maps.shape.group * (maps.q64_tiles - s.first_i);
-  s.upwards = m == 1;
-  return s;
-}
-
-// A segment's steps in order: query head hh of the group and 64-row query
-// tile i, advanced one step at a time (no division a step).
-struct BackwardStep {
-  int hh, i;
-  __device__ __forceinline__ BackwardStep(const BackwardSegment& s, int q64_tiles)
-      : hh(0), i(s.upwards ? s.first_i : q64_tiles - 1) {}
-  __device__ __forceinline__ void Next(const BackwardSegment& s, int group) {
-    if (++hh == group) hh = 0, i += s.upwards ? 1 : -1;
-  }
-};
+static_assert(kScheduleKeys == kBlockKv && kScheduleQueries == kBackwardQ, "the schedule's tiles are the kernel's");
 
 // A block for each slot (BackwardSlots): for each of its segments (keys j,
 // kv head, sequence) the producer loads K and V, then Q and dO of each step
@@ -567,7 +513,8 @@ __global__ void __launch_bounds__(kThreads, 1) BackwardKernel(const __grid_const
 
   const int slot = static_cast<int>(blockIdx.x);
   int segments;
-  SegmentOf(slot, 0, maps, &segments);
+  const BackwardShape schedule{maps.shape.batch, maps.shape.kv_heads, maps.shape.group, maps.q64_tiles};
+  SegmentOf(slot, 0, schedule, &segments);
   const int group = maps.shape.group;
 
   const int warpgroup = threadIdx.x / 128;
@@ -594,7 +541,7 @@ __global__ void __launch_bounds__(kThreads, 1) BackwardKernel(const __grid_const
       const int lane = tid - 32;
       int n = 0;  // steps of the slot so far: the ring's position
       for (int m = 0; m < segments; ++m) {
-        const BackwardSegment seg = SegmentOf(slot, m, maps, &segments);
+        const BackwardSegment seg = SegmentOf(slot, m, schedule, &segments);
         // The group's first head's rows, then this lane's two of a tile.
         const int64_t first = (static_cast<int64_t>(seg.batch) * maps.shape.heads + seg.kv_head * group) *
                               maps.shape.seq;
@@ -633,7 +580,7 @@ __global__ void __launch_bounds__(kThreads, 1) BackwardKernel(const __grid_const
     };
     int n = 0;
     for (int m = 0; m < segments; ++m) {
-      const BackwardSegment seg = SegmentOf(slot, m, maps, &segments);
+      const BackwardSegment seg = SegmentOf(slot, m, schedule, &segments);
       const int kv_at = m == 0 ? 0 : (seg.steps < kBackwardStages ? seg.steps : kBackwardStages);
       BackwardStep step(seg, maps.q64_tiles);
       for (int local = 0;; ++local, ++n, step.Next(seg, group)) {
@@ -662,7 +609,7 @@ __global__ void __launch_bounds__(kThreads, 1) BackwardKernel(const __grid_const
   float dk[64], dv[64], dq[32];
   int n = 0;
   for (int m = 0; m < segments; ++m) {
-    const BackwardSegment seg = SegmentOf(slot, m, maps, &segments);
+    const BackwardSegment seg = SegmentOf(slot, m, schedule, &segments);
     // This thread's rows (keys) and columns (queries, within a step's 64) of
     // the 64 x 64 products: rows key0 and key0 + 8, columns 8 g + 2 (lane % 4) + {0, 1}.
     const int key0 = seg.j * kBlockKv + consumer * 64 + 16 * warp + lane / 4;
@@ -931,8 +878,8 @@ std::string HopperAttentionBackward(const HopperAttentionGradientOperands& g, vo
       a.o_stride, workspace + sums, maps.shape.seq, maps.shape.heads, pairs);
   why = Launched("dO.O's launch");
   if (!why.empty()) return why;
-  const int64_t kv_tiles = (a.seq + kBlockKv - 1) / kBlockKv;
-  const int blocks = BackwardSlots(static_cast<int>(a.batch * a.kv_heads), static_cast<int>(kv_tiles));
+  const int blocks = BackwardSlots(BackwardShape{maps.shape.batch, maps.shape.kv_heads, maps.shape.group,
+                                                 maps.q64_tiles});
   BackwardKernel<<<blocks, kThreads, kBackwardSmemBytes, s>>>(maps);
   why = Launched("the backward's launch");
   if (!why.empty()) return why;
