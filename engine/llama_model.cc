@@ -270,6 +270,9 @@ torch::Tensor LlamaModel::Attention(const DecoderLayer& layer, const torch::Tens
   // its product, which it keeps whole for its backward (what the rotated
   // copies and v's copy below keep otherwise). Not for flash attention's
   // packed rows: it takes q, k and v contiguous, so the copies would come back.
+  // Attention on the kernels of our own (engine/hopper_attention.h) where they
+  // take operands of this device, dtype and head size: decided once a layer.
+  const bool hopper_attention = HopperAttentionFits(x.device(), x.scalar_type(), d);
   QkvRope rope;
   const bool rope_in_group = RopeGemmEnabled(x.device(), x.scalar_type()) && in.segments.defined() &&
                              !in.cos.defined() && in.cudnn != CudnnAttentionMode::kUnavailable;
@@ -278,7 +281,7 @@ torch::Tensor LlamaModel::Attention(const DecoderLayer& layer, const torch::Tens
     // Attention of our own rotates q's and k's gradients back in its own
     // passes (dQ's conversion, dK's epilogue): the group's backward then
     // takes them as they come, with no pass of its own over them.
-    rope.gradient_rotated_back = HopperAttentionFits(x.device(), x.scalar_type(), d);
+    rope.gradient_rotated_back = hopper_attention;
   }
   std::vector<torch::Tensor> qkv =
       ForwardGroup(layer.QkvGroup(), x, x_recipe, {layer_masks.draw, layer_masks.first + DecoderLayer::kQkvFirst},
@@ -313,7 +316,7 @@ torch::Tensor LlamaModel::Attention(const DecoderLayer& layer, const torch::Tens
     if (in.cudnn != CudnnAttentionMode::kUnavailable) {
       // The kernels of our own where they take the operands (the setting on,
       // a Hopper GPU, bf16, heads of 128): q, k and v as (B*T, heads * d).
-      if (HopperAttentionFits(x.device(), x.scalar_type(), d)) {
+      if (hopper_attention) {
         const torch::Tensor q2 = q.reshape({b * t, nh * d}), k2 = k.reshape({b * t, nkv * d});
         const torch::Tensor v2 = v.reshape({b * t, nkv * d});
         if (HopperAttentionTakes(q2, k2, v2, d)) {

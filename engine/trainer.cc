@@ -384,13 +384,15 @@ StatusOr<RunResult> Trainer::Run(const RunOptions& options) {
     }
     // Where the attention kernels of our own ran (the automatic setting: bf16
     // on a Hopper GPU, heads of 128), or were asked for and did not.
-    const int64_t attention_runs = HopperAttentionRuns() - attention_before;
-    if (step == first_step && HopperAttentionEnabled() && (attention_runs > 0 || !HopperAttentionIsAutomatic())) {
-      reporter_.OnMessage(std::string("TRAINERD_HOPPER_ATTENTION=1") +
-                          (HopperAttentionIsAutomatic() ? " (the default here)" : "") +
-                          ": the first step ran attention in " + std::to_string(attention_runs) +
-                          " forwards of the Hopper attention kernels (the others ran cuDNN's or flash attention; "
-                          "TRAINERD_HOPPER_ATTENTION=0 turns them off: engine/hopper_attention.h)");
+    if (step == first_step && HopperAttentionEnabled()) {
+      const int64_t attention_runs = HopperAttentionRuns() - attention_before;
+      if (attention_runs > 0 || !HopperAttentionIsAutomatic()) {
+        reporter_.OnMessage(std::string("TRAINERD_HOPPER_ATTENTION=1") +
+                            (HopperAttentionIsAutomatic() ? " (the default here)" : "") +
+                            ": the first step ran attention in " + std::to_string(attention_runs) +
+                            " forwards of the Hopper attention kernels (the others ran cuDNN's or flash attention; "
+                            "TRAINERD_HOPPER_ATTENTION=0 turns them off: engine/hopper_attention.h)");
+      }
     }
     const bool last = state.step == total_steps_;
     bool stopping = options.stop && options.stop->load();

@@ -441,7 +441,8 @@ __global__ void DqKernel(const float* __restrict__ dq_sums, __nv_bfloat16* __res
   unit /= heads;
   const int i = static_cast<int>(unit % q64_tiles);
   const int64_t b = unit / q64_tiles;
-  const float* sums = dq_sums + ((b * heads + head) * q64_tiles + i) * kDqTileFloats + (g * 128 + 32 * w + 4 * q) * 4;
+  const float* sums =
+      dq_sums + ((b * heads + head) * q64_tiles + i) * kDqTileFloats + DqHalfOffset(16 * w + q, 8 * g);
   float v[2][2][8];  // [half][r][column]: float4 j holds columns 2 j, 2 j + 1 of rows r = 0, 1
 #pragma unroll
   for (int half = 0; half < 2; ++half) {

@@ -2,7 +2,8 @@
 // hopper_attention.cu) share: mbarriers, TMA loads and stores, named
 // barriers, register reallocation, wgmma's shared-memory descriptors and
 // fences, the 64 x 64 chunk write of an accumulator, the rotary embedding's
-// cos and sin, and the host's tensor maps. sm_90a only; included by .cu files of the sm_90a libraries.
+// cos and sin, and the host's tensor maps. sm_90a only; included by .cu files
+// of the sm_90a libraries.
 #pragma once
 
 #include <cuda.h>
