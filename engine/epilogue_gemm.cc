@@ -25,6 +25,7 @@ std::atomic<int>& Setting() {
   static std::atomic<int> level{[] {
     const char* v = std::getenv("TRAINERD_HOPPER_GEMM");
     if (v == nullptr) return kAuto;
+    if (std::strcmp(v, "3") == 0) return 3;
     if (std::strcmp(v, "2") == 0) return 2;
     return std::strcmp(v, "1") == 0 ? 1 : 0;
   }()};
@@ -95,6 +96,25 @@ bool TakesBackward(const torch::Tensor& x, const torch::Tensor& w, const torch::
          Suits(x.device(), n, f, x.size(1));
 }
 
+// LoRA's sums' conditions (SwiGluBackwardLora): each thin operand given is
+// (n, rank) rows of x's dtype on x's device, its rank 1-256 (gate|up's
+// ranks adding up to its columns), and at least one is given.
+bool LoraSumsTaken(const SwiGluBackwardLora& lora, const torch::Tensor& x, int64_t n, int64_t f) {
+  auto thin = [&](const torch::Tensor& t, int64_t rank) {
+    return t.dim() == 2 && t.size(0) == n && t.size(1) == rank && rank >= 1 && rank <= 256 && t.stride(1) == 1 &&
+           t.stride(0) >= rank && t.scalar_type() == x.scalar_type() && t.device() == x.device();
+  };
+  const bool t_ok = !lora.gate_up_t.defined() ||
+                    (lora.rank_gate >= 0 && lora.rank_up >= 0 && lora.rank_gate <= 256 && lora.rank_up <= 256 &&
+                     thin(lora.gate_up_t, lora.rank_gate + lora.rank_up));
+  const bool u_ok = !lora.down_u.defined() || thin(lora.down_u, lora.down_u.size(1));
+  const bool sums_ok = !lora.gate_up_t.defined() || !lora.b_sums.defined() ||
+                       (lora.b_sums.scalar_type() == torch::kFloat32 && lora.b_sums.is_contiguous() &&
+                        lora.b_sums.device() == x.device() &&
+                        lora.b_sums.sizes() == torch::IntArrayRef({lora.rank_gate + lora.rank_up, f}));
+  return (lora.gate_up_t.defined() || lora.down_u.defined()) && t_ok && u_ok && sums_ok;
+}
+
 // D = out (m, n) from x (m, k) and w ((n, k), or (k, n) transposed), on x's
 // device and current stream; counted in the epilogue's runs.
 void Launch(kernels::HopperGemmOperands o, kernels::HopperEpilogue epilogue, const torch::Tensor& x,
@@ -145,9 +165,11 @@ torch::Tensor GateUpWithSwiGlu(const torch::Tensor& x, const torch::Tensor& w, i
 }
 
 torch::Tensor DownInputGradientWithSwiGlu(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& gate,
-                                          const torch::Tensor& up) {
+                                          const torch::Tensor& up, SwiGluBackwardLora* lora) {
+  if (lora != nullptr) lora->done = false;
 #ifdef TRAINERD_WITH_HOPPER_KERNELS
-  if (SwiGluGemmLevel(x.device(), x.scalar_type()) < 2 || !TakesBackward(x, w, gate, up)) return {};
+  const int level = SwiGluGemmLevel(x.device(), x.scalar_type());
+  if (level < 2 || !TakesBackward(x, w, gate, up)) return {};
   const c10::cuda::CUDAGuard guard(x.device());
   const int64_t n = x.size(0), f = w.size(1);
   torch::Tensor out = torch::empty({n, 2 * f}, x.options());
@@ -155,6 +177,25 @@ torch::Tensor DownInputGradientWithSwiGlu(const torch::Tensor& x, const torch::T
   o.gate_up = gate.data_ptr();
   o.gate_up_stride = gate.stride(0);
   o.n = f;
+  if (level >= 3 && lora != nullptr && LoraSumsTaken(*lora, x, n, f)) {
+    const auto f32 = x.options().dtype(torch::kFloat32);
+    if (lora->gate_up_t.defined()) {
+      if (!lora->b_sums.defined()) lora->b_sums = torch::empty({lora->rank_gate + lora->rank_up, f}, f32);
+      o.lora_t = lora->gate_up_t.data_ptr();
+      o.lora_t_stride = lora->gate_up_t.stride(0);
+      o.rank_gate = lora->rank_gate;
+      o.rank_up = lora->rank_up;
+      o.lora_b_sums = lora->b_sums.data_ptr<float>();
+    }
+    if (lora->down_u.defined()) {
+      lora->a_sums = torch::empty({lora->down_u.size(1), f}, f32);
+      o.lora_u = lora->down_u.data_ptr();
+      o.lora_u_stride = lora->down_u.stride(0);
+      o.rank_h = lora->down_u.size(1);
+      o.lora_a_sums = lora->a_sums.data_ptr<float>();
+    }
+    lora->done = true;
+  }
   Launch(o, kernels::HopperEpilogue::kSwiGluBackward, x, w, /*w_transposed=*/true, out);
   return out;
 #else
@@ -193,7 +234,7 @@ void SetSwiGluGemm(int level) { Setting().store(level); }
 
 int SwiGluGemmLevel(const torch::Device& device, torch::ScalarType dtype) {
   const int level = Setting().load(std::memory_order_relaxed);
-  return level != kAuto ? level : AutoOn(device, dtype) ? 2 : 0;
+  return level != kAuto ? level : AutoOn(device, dtype) ? 3 : 0;
 }
 
 EpilogueGemmCounts EpilogueGemmRuns() { return {forward_runs.load(), backward_runs.load(), rope_runs.load()}; }

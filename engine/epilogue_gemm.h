@@ -46,18 +46,40 @@ torch::Tensor GateUpWithSwiGlu(const torch::Tensor& x, const torch::Tensor& w, i
 // kernel would read it), where the GEMM of our own takes it (level 2,
 // bf16 on a Hopper GPU, strides and alignment as for GateUpWithSwiGlu, f a
 // multiple of 8, a tile for each SM); else an undefined tensor.
+//
+// At level 3 the GEMM also takes LoRA's products over the rows that read
+// dgate, dup or h (`lora`, optional): gate|up's B gradients and down's A
+// gradient, which then need no pass over the (N, 2f) and (N, f) operands of
+// their own.
+struct SwiGluBackwardLora {
+  // In: gate|up's t = x [A_gate ; A_up]^T (N, rank_gate + rank_up), model
+  // dtype, undefined for none; down's u = s g B (N, rank_h), undefined for none.
+  torch::Tensor gate_up_t;
+  int64_t rank_gate = 0, rank_up = 0;
+  torch::Tensor down_u;
+  // Out, float32, where the GEMM took them (`done`): b_sums (rank_gate +
+  // rank_up, f) = [t_gate^T dgate ; t_up^T dup] (unscaled; into the caller's
+  // contiguous buffer where one is given, else a new one), a_sums (rank_h,
+  // f) = u^T h with h = silu(gate) * up as the forward's GEMM rounds it.
+  torch::Tensor b_sums, a_sums;
+  bool done = false;
+};
 torch::Tensor DownInputGradientWithSwiGlu(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& gate,
-                                          const torch::Tensor& up);
+                                          const torch::Tensor& up, SwiGluBackwardLora* lora = nullptr);
 
 // How far SwiGLU goes into the MLP's GEMMs for a model of this device and
 // dtype: 0 not at all; 1 its forward (GateUpWithSwiGlu); 2 its backward too:
 // the model makes h outside autograd and hands SwiGLU's backward to down's
-// node, and DownInputGradientWithSwiGlu takes products. Each GEMM takes its
-// products only where it can (above). From the environment's
-// TRAINERD_HOPPER_GEMM ("0", "1" or "2"; read once; other values 0) or
-// SetSwiGluGemm, on every device; unset, 2 for bf16 on a Hopper GPU and 0
-// elsewhere (measured faster on the 8b row: bench/speed/NOTES.md, "The
-// epilogues in the step").
+// node, and DownInputGradientWithSwiGlu takes products; 3 LoRA's products
+// over dgate, dup and h too (SwiGluBackwardLora): gate|up's node hands its t
+// to down's, whose backward gives gate|up's B gradients, and down keeps
+// gate and up (which it keeps anyway) instead of h. Each GEMM takes its
+// products only where it can (above); what it does not take, the nodes do
+// as at level 2. From the environment's TRAINERD_HOPPER_GEMM ("0" to "3";
+// read once; other values 0) or SetSwiGluGemm, on every device; unset, 3 for
+// bf16 on a Hopper GPU and 0 elsewhere (measured faster on the 8b row:
+// bench/speed/NOTES.md, "The epilogues in the step" and "LoRA's products in
+// down's backward").
 void SetSwiGluGemm(int level);
 int SwiGluGemmLevel(const torch::Device& device, torch::ScalarType dtype);
 

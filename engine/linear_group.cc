@@ -120,7 +120,7 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
                              const LinearGroup& group, const std::vector<double>& scaling,
                              const InputRecipe& recipe, const DropoutMasks& dropout,
                              const std::vector<double>& dropout_p, SwiGluOutput* swiglu,
-                             at::TensorList swiglu_inputs, QkvRope* rope) {
+                             at::TensorList swiglu_inputs, const SwiGluInput* swiglu_handoff, QkvRope* rope) {
     const int64_t n = x.size(0), in = group.in, cols = group.cols;
     const int64_t rank = Sum(group.ranks);
     bool any_dropout = false;
@@ -229,14 +229,37 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
     // forward just wrote (the spare columns); autograd refuses to rebuild the
     // history of a view made inside a custom Function (the fused kernels')
     // after its base changed in place, and saving x itself asks for it.
-    tensor_list saved{keep_x ? x.detach() : torch::Tensor(),
-                      rank > 0 && in_place ? (keep_x ? t.detach() : t.clone()) : t,
+    const torch::Tensor t_kept = rank > 0 && in_place ? (keep_x ? t.detach() : t.clone()) : t;
+    tensor_list saved{keep_x ? x.detach() : torch::Tensor(), t_kept,
                       a_cat, norm_input, norm_rstd, norm_weight, gate, up};
     for (const auto& t : lora) saved.push_back(t);
     // SwiGLU's inputs, whose gradients the backward returns (SwiGluInput).
     for (const auto& t : swiglu_inputs) saved.push_back(t);
     ctx->save_for_backward(saved);
     ctx->saved_data["swiglu_backward"] = !swiglu_inputs.empty();
+    // SwiGLU level 3 (engine/epilogue_gemm.h): gate|up's t and a buffer for
+    // its B gradients handed to down's node (SwiGluOutput), and down's node
+    // told to take its A gradient from its input gradient's epilogue.
+    const bool level3 = SwiGluGemmLevel(x.device(), x.scalar_type()) >= 3;
+    if (level3 && swiglu != nullptr && rank > 0 && !any_dropout && group.outs.size() == 2 &&
+        group.outs[0] == group.outs[1]) {
+      swiglu->lora_t = t_kept;
+      swiglu->rank_gate = group.ranks[0];
+      swiglu->rank_up = group.ranks[1];
+      swiglu->lora_b_sums = torch::empty({rank, group.outs[0]}, x.options().dtype(torch::kFloat32));
+      swiglu->lora_b_filled = torch::zeros({1}, torch::TensorOptions().dtype(torch::kInt64));
+      ctx->saved_data["handed_b_sums"] = swiglu->lora_b_sums;
+      ctx->saved_data["handed_b_filled"] = swiglu->lora_b_filled;
+    }
+    if (!swiglu_inputs.empty()) {
+      ctx->saved_data["fused_a"] = level3 && rank > 0 && !any_dropout;
+      if (swiglu_handoff != nullptr && swiglu_handoff->lora_b_sums.defined()) {
+        ctx->saved_data["handoff_t"] = swiglu_handoff->lora_t;
+        ctx->saved_data["handoff_b_sums"] = swiglu_handoff->lora_b_sums;
+        ctx->saved_data["handoff_b_filled"] = swiglu_handoff->lora_b_filled;
+        ctx->saved_data["handoff_ranks"] = std::vector<int64_t>{swiglu_handoff->rank_gate, swiglu_handoff->rank_up};
+      }
+    }
     // The widened matrix is rewritten by every forward (its B columns): kept
     // out of save_for_backward's version check; B does not change between a
     // forward and its backward (the optimizer steps after the backward).
@@ -298,6 +321,15 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
     const torch::Tensor top = widened.narrow(0, 0, out_total);  // [W | sB | 0]
     torch::Tensor grad_x, u;  // u = s g B (N, rank), every LoRA member's columns
     torch::Tensor swiglu_grads;  // [dgate | dup] (N, 2 in) where down's GEMM made them
+    torch::Tensor fused_grad_a;  // u^T x (rank, in) float32 where down's GEMM made it (level 3)
+    // gate|up's LoRA handed on to this node (SwiGluInput, level 3): its t,
+    // ranks and the buffer for its B gradients, filled below on every path.
+    const bool handoff = swiglu_backward && ctx->saved_data.find("handoff_t") != ctx->saved_data.end();
+    const torch::Tensor handoff_t = handoff ? ctx->saved_data["handoff_t"].toTensor() : torch::Tensor();
+    const torch::Tensor handoff_b_sums = handoff ? ctx->saved_data["handoff_b_sums"].toTensor() : torch::Tensor();
+    const std::vector<int64_t> handoff_ranks =
+        handoff ? ctx->saved_data["handoff_ranks"].toIntVector() : std::vector<int64_t>{};
+    bool handoff_filled = false;
     // Input wider than the output (down): [g | u | 0] [W ; A ; 0] = g W + u A,
     // so that no pass over the wide input gradient follows. With dropout the
     // members' terms u_i A_i are added one by one after g W (below).
@@ -326,7 +358,22 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
         // SwiGLU's backward in this GEMM's epilogue where the GEMM of our own
         // takes it: [dgate | dup] instead of dh.
         if (swiglu_backward) {
-          swiglu_grads = DownInputGradientWithSwiGlu(g_ext, widened.narrow(1, 0, in), swiglu_gate, swiglu_up);
+          // At level 3 with LoRA's products over dgate, dup and h in it
+          // too: gate|up's B gradients (handed on by its node) and this
+          // node's A gradient.
+          SwiGluBackwardLora sums;
+          if (handoff) {
+            sums.gate_up_t = handoff_t;
+            sums.rank_gate = handoff_ranks[0];
+            sums.rank_up = handoff_ranks[1];
+            sums.b_sums = handoff_b_sums;
+          }
+          if (ctx->saved_data["fused_a"].toBool()) sums.down_u = u;
+          const bool asked = handoff || sums.down_u.defined();
+          swiglu_grads = DownInputGradientWithSwiGlu(g_ext, widened.narrow(1, 0, in), swiglu_gate, swiglu_up,
+                                                     asked ? &sums : nullptr);
+          handoff_filled = sums.done && handoff;
+          if (sums.done && sums.down_u.defined()) fused_grad_a = sums.a_sums;
         }
         if (!swiglu_grads.defined()) grad_x = torch::mm(g_ext, widened.narrow(1, 0, in));
       } else {
@@ -350,8 +397,9 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
     // the input gradient's terms u_i A_i added in the same pass.
     torch::Tensor grad_a;
     if (rank > 0) {
-      grad_a = any_dropout ? DroppedLoraGradients(u, x, recipe, a_cat, ranks, masks, need_x ? &grad_x : nullptr)
-                           : LoraInputProduct(u, x, recipe);
+      grad_a = fused_grad_a.defined() ? fused_grad_a
+               : any_dropout ? DroppedLoraGradients(u, x, recipe, a_cat, ranks, masks, need_x ? &grad_x : nullptr)
+                             : LoraInputProduct(u, x, recipe);
     }
     // SwiGLU's backward: gate's and up's gradients in place of x's.
     torch::Tensor grad_gate, grad_up;
@@ -363,6 +411,22 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
         std::tie(grad_gate, grad_up) = SwiGluGradients(grad_x, swiglu_gate, swiglu_up);
       }
       grad_x = torch::Tensor();
+      // Where the GEMM did not take gate|up's B gradients: products over
+      // dgate and dup here (what gate|up's node would run; its buffer filled
+      // either way).
+      if (handoff && !handoff_filled && grad_gate.defined() && grad_up.defined()) {
+        const int64_t rank_gate = handoff_ranks[0], rank_up = handoff_ranks[1];
+        const torch::Tensor gate_rows = grad_gate.reshape({n, -1}), up_rows = grad_up.reshape({n, -1});
+        if (rank_gate > 0) {
+          handoff_b_sums.narrow(0, 0, rank_gate).copy_(torch::mm(handoff_t.narrow(1, 0, rank_gate).t(), gate_rows));
+        }
+        if (rank_up > 0) {
+          handoff_b_sums.narrow(0, rank_gate, rank_up)
+              .copy_(torch::mm(handoff_t.narrow(1, rank_gate, rank_up).t(), up_rows));
+        }
+        handoff_filled = true;
+      }
+      if (handoff_filled) ctx->saved_data["handoff_b_filled"].toTensor().fill_(1);
     }
     tensor_list result{grad_x};
     if (rank > 0) {
@@ -371,7 +435,12 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
       // arithmetic to spare on a pass bound by memory). Per member, g_i^T t_i
       // streamed g at 1.5-1.8 TB/s for the 1024- and 4096-wide members on an
       // H200 (8b profile), against about 3.7 for a product of this shape.
-      const torch::Tensor grad_bt = torch::mm(t.t(), g);
+      // Or [t_gate^T dgate ; t_up^T dup] (rank, out) float32 from down's
+      // backward, where it filled the buffer this node handed on (level 3).
+      const bool handed = ctx->saved_data.find("handed_b_filled") != ctx->saved_data.end() &&
+                          ctx->saved_data["handed_b_filled"].toTensor().item<int64_t>() == 1;
+      const torch::Tensor handed_b = handed ? ctx->saved_data["handed_b_sums"].toTensor() : torch::Tensor();
+      const torch::Tensor grad_bt = handed ? torch::Tensor() : torch::mm(t.t(), g);
       // dA_i = u_i^T x; dB_i = s_i g_i^T t_i; back to the float32 parameters,
       // scaled and cast by one batch of copies for the whole group. Where a
       // parameter's .grad is there already (a step's later micro-batches; every
@@ -395,7 +464,8 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
             grad_ai = cast;
           }
           result.push_back(grad_ai);
-          const torch::Tensor grad_bi = grad_bt.narrow(0, col, ranks[i]).narrow(1, row, outs[i]).t();
+          const torch::Tensor grad_bi = handed ? handed_b.narrow(0, col, ranks[i]).t()
+                                               : grad_bt.narrow(0, col, ranks[i]).narrow(1, row, outs[i]).t();
           if (AddsIntoGrad(b)) {
             casts.push_back({grad_bi, b.grad(), scaling[i], /*accumulate=*/true});
             result.push_back(torch::Tensor());
@@ -421,6 +491,7 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
       result.push_back(grad_gate);
       result.push_back(grad_up);
     }
+    result.push_back(torch::Tensor());  // swiglu_handoff
     result.push_back(torch::Tensor());  // rope
     return result;
   }
@@ -634,7 +705,7 @@ std::vector<torch::Tensor> ForwardGroup(const LinearGroup& group, const std::vec
   // With SwiGLU's inputs the node differentiates those, never x.
   tensor_list ys = WidenedGroupFunction::apply(swiglu_input != nullptr ? x2.detach() : x2, at::TensorList(lora), group,
                                                scaling, recipe, dropout, dropout_p, swiglu,
-                                               at::TensorList(swiglu_inputs), rope);
+                                               at::TensorList(swiglu_inputs), swiglu_input, rope);
   for (size_t i = 0; i < members.size(); ++i) {
     std::vector<int64_t> shape = x.sizes().vec();
     shape.back() = group.outs[i];

@@ -143,9 +143,21 @@ void RefreshLoraCopies(const std::vector<GroupMembers>& groups);
 // gate's then up's; engine/epilogue_gemm.h, GateUpWithSwiGlu): where the
 // GEMM of our own takes it, h is silu(gate) * up (N, f) in rows f +
 // spare_columns wide, for FusedSwiGlu's `made`; else undefined.
+//
+// At SwiGLU level 3 (engine/epilogue_gemm.h), a node with LoRA on gate or up
+// and no dropout also hands down's node what LoRA's products in down's
+// backward need (SwiGluInput): its t = x [A_gate ; A_up]^T (N, rank_gate +
+// rank_up) and a float32 buffer (rank_gate + rank_up, f) for gate's and up's
+// B gradients, transposed and unscaled, which down's backward fills and this
+// node's backward then reads instead of a product over its output gradient.
+// lora_b_filled (a CPU int64 scalar) says whether it did: only then does
+// gate|up's backward read the buffer (a path that does not fill it, such as
+// a product the GEMM declines, costs gate|up its own product, as at level 2).
 struct SwiGluOutput {
   int64_t spare_columns = 0;
   torch::Tensor h;
+  torch::Tensor lora_t, lora_b_sums, lora_b_filled;  // undefined: none handed on
+  int64_t rank_gate = 0, rank_up = 0;
 };
 
 // SwiGLU's backward taken into down's node (engine/epilogue_gemm.h): x is h =
@@ -155,8 +167,15 @@ struct SwiGluOutput {
 // GEMM's epilogue where the GEMM of our own takes it, else by
 // SwiGluGradients), and none for x. A node that runs its members one by one
 // makes x again with autograd from gate and up instead.
+//
+// With gate|up's LoRA handed on (SwiGluOutput's lora_*), the node's backward
+// fills lora_b_sums = [t_gate^T dgate ; t_up^T dup] where its GEMM's
+// epilogue takes them (level 3), and then sets lora_b_filled. At level 3 the
+// node also takes its own A gradient u^T h from that epilogue.
 struct SwiGluInput {
   torch::Tensor gate, up;
+  torch::Tensor lora_t, lora_b_sums, lora_b_filled;
+  int64_t rank_gate = 0, rank_up = 0;
 };
 
 // The rotary embedding asked of a q|k|v group's product (engine/

@@ -381,21 +381,27 @@ LlamaModel::Residual LlamaModel::LayerForward(size_t index, const Residual& h, c
   // With checkpointing on (memory first), a layer that keeps its activations
   // does not keep the SwiGLU output either: down makes it again in its
   // backward, one elementwise pass. Recomputed layers need no such saving.
+  // At SwiGLU level 3 no layer keeps it: down's A gradient comes from its
+  // input gradient's GEMM, which reads gate and up (kept for SwiGLU's
+  // backward anyway), and h is made again only where that GEMM declines.
+  const int swiglu_level = SwiGluGemmLevel(gate_up[0].device(), gate_up[0].scalar_type());
   InputRecipe activated;
-  if (gradient_checkpointing_ && !Recomputes(index)) {
+  if ((gradient_checkpointing_ && !Recomputes(index)) || swiglu_level >= 3) {
     activated.gate = gate_up[0];
     activated.up = gate_up[1];
   }
   const DropoutMasks down_masks{masks.draw, masks.first + DecoderLayer::kDownFirst};
-  if (SwiGluGemmLevel(gate_up[0].device(), gate_up[0].scalar_type()) >= 2) {
+  if (swiglu_level >= 2) {
     // SwiGLU's backward in down's node (its input gradient's GEMM, where the
-    // GEMM of our own takes it): h made outside autograd.
+    // GEMM of our own takes it): h made outside autograd. At level 3 gate|up's
+    // node hands its LoRA's t on (SwiGluOutput).
     torch::Tensor act;
     {
       const torch::NoGradGuard no_grad;
       act = FusedSwiGlu(gate_up[0], gate_up[1], layer.down.spare_columns(), made.h);
     }
-    const SwiGluInput swiglu{gate_up[0], gate_up[1]};
+    const SwiGluInput swiglu{gate_up[0],     gate_up[1],     made.lora_t, made.lora_b_sums, made.lora_b_filled,
+                             made.rank_gate, made.rank_up};
     return {r, ForwardGroup(layer.DownGroup(), act, activated, down_masks, nullptr, &swiglu)[0]};
   }
   const torch::Tensor act = FusedSwiGlu(gate_up[0], gate_up[1], layer.down.spare_columns(), made.h);

@@ -271,6 +271,7 @@ struct Case {
   bool w_transposed;  // W handed over as (k, n), to ours and to cuBLAS alike
   int m, n, k;
   int rotate_columns = 0;  // rotary: q's and k's columns
+  bool lora_sums = false;  // SwiGLU's backward: with LoRA's sums (ranks 16 + 16 of gate|up's t, 16 of down's u)
 };
 
 // One product: ours, or cuBLAS's (plus the SwiGLU pass where the case has it
@@ -279,10 +280,20 @@ struct Contest {
   Case c;
   Buffers b;
   __nv_bfloat16* w_t = nullptr;
+  __nv_bfloat16 *lora_t = nullptr, *lora_u = nullptr;  // (m, 32), (m, 16): LoRA's sums' thin operands
+  float* lora_sums = nullptr;                          // (32 + 16, n)
   cublasHandle_t handle{};
 
   Contest(const Case& c_, bool on_device) : c(c_) {
     b = Allocate(c.m, c.n, c.k, c.epilogue, 1234u + c.m + c.n + c.k, on_device);
+    if (c.lora_sums) {
+      CHECK_CUDA(cudaMalloc(&lora_t, static_cast<int64_t>(c.m) * 32 * 2));
+      CHECK_CUDA(cudaMalloc(&lora_u, static_cast<int64_t>(c.m) * 16 * 2));
+      CHECK_CUDA(cudaMalloc(&lora_sums, static_cast<int64_t>(48) * c.n * 4));
+      Fill<<<static_cast<unsigned>((c.m * 32 + 255) / 256), 256>>>(lora_t, static_cast<int64_t>(c.m) * 32, 77u, 1.0f);
+      Fill<<<static_cast<unsigned>((c.m * 16 + 255) / 256), 256>>>(lora_u, static_cast<int64_t>(c.m) * 16, 78u, 1.0f);
+      CHECK_CUDA(cudaGetLastError());
+    }
     if (c.w_transposed) {
       const int64_t count = static_cast<int64_t>(c.n) * c.k;
       CHECK_CUDA(cudaMalloc(&w_t, count * 2));
@@ -294,6 +305,9 @@ struct Contest {
   ~Contest() {
     cublasDestroy(handle);
     if (w_t != nullptr) cudaFree(w_t);
+    for (void* p : {static_cast<void*>(lora_t), static_cast<void*>(lora_u), static_cast<void*>(lora_sums)}) {
+      if (p != nullptr) cudaFree(p);
+    }
     Free(b);
   }
 
@@ -313,6 +327,16 @@ struct Contest {
     o.positions = b.positions;
     o.inv_freq = b.inv_freq;
     o.rotate_columns = c.rotate_columns;
+    if (c.lora_sums) {
+      o.lora_t = lora_t;
+      o.lora_t_stride = 32;
+      o.rank_gate = o.rank_up = 16;
+      o.lora_b_sums = lora_sums;
+      o.lora_u = lora_u;
+      o.lora_u_stride = 16;
+      o.rank_h = 16;
+      o.lora_a_sums = lora_sums + static_cast<int64_t>(32) * c.n;
+    }
     o.m = c.m;
     o.n = c.n;
     o.k = c.k;
@@ -573,6 +597,7 @@ int main(int argc, char** argv) {
         {"dx of gate|up (W^T)", kPlain, true, 8192, 4128, 28672},
         {"dh of down (W^T)", kPlain, true, 8192, 14336, 4112},
         {"dh of down with SwiGLU backward (W^T)", kBackward, true, 8192, 14336, 4112},
+        {"dh of down with SwiGLU backward and LoRA's sums (W^T)", kBackward, true, 8192, 14336, 4112, 0, true},
         {"square 8192", kPlain, false, 8192, 8192, 8192},
     };
     // NAME PART: the case of that name if there is one, else every case whose name holds it.

@@ -8,7 +8,7 @@
 #   SETTINGS="0,0 1,0 0,0 1,0" ROW=8b bash bench/speed/settings.sh
 #
 # Environment (all optional):
-#   SETTINGS   space-separated G,R or G,R,A: TRAINERD_HOPPER_GEMM=G (0, 1 or 2), TRAINERD_HOPPER_ROPE=R
+#   SETTINGS   space-separated G,R or G,R,A: TRAINERD_HOPPER_GEMM=G (0 to 3), TRAINERD_HOPPER_ROPE=R
 #              (0 or 1) and TRAINERD_HOPPER_ATTENTION=A (0 or 1; without A unset: the engine's default, on for
 #              bf16 on a Hopper GPU; engine/hopper_attention.h), run in
 #              this order; default "0,0 1,0 2,0 0,1 2,1 0,0 1,0 2,0 0,1 2,1"
@@ -28,8 +28,8 @@ logs=${WORK_DIR:-/tmp/trainerd-speed}/settings
 mkdir -p "$logs"
 no_build=${NO_BUILD:-0}
 for s in $settings; do
-  case "$s" in [012],[01] | [012],[01],[01]) ;;
-    *) echo "error: setting '$s' is not G,R or G,R,A with G in 0-2, R and A in 0-1"; exit 2 ;;
+  case "$s" in [0-3],[01] | [0-3],[01],[01]) ;;
+    *) echo "error: setting '$s' is not G,R or G,R,A with G in 0-3, R and A in 0-1"; exit 2 ;;
   esac
 done
 failed=0

@@ -29,6 +29,12 @@
 #ifndef HG_BACKWARD_UNITS
 #define HG_BACKWARD_UNITS 4
 #endif
+#ifndef HG_LORA_UNITS
+// SwiGLU's backward with LoRA's sums: 16-byte units a thread in flight. (ptxas
+// spills about 450 bytes of the epilogue warps' registers in that path at 2,
+// more at 4: local memory in the warps that run under the main loop.)
+#define HG_LORA_UNITS 2
+#endif
 #ifndef HG_BACKWARD_PREFETCH
 // SwiGLU's backward: 1 the producer asks L2 for a tile's gate and up when
 // it starts loading the tile's k-slices, a main loop before the epilogue
@@ -67,11 +73,18 @@ constexpr int kChunkBytes = kChunk * kChunk * 2;  // 8 KB
 // The hand-over buffer: the whole tile, column block c (64 columns) of
 // consumer w's rows at chunk 2 c + w.
 constexpr int kHandOverBytes = 8 * kChunkBytes;  // 64 KB
-// SwiGLU's backward by TMA: a chunk of gate and the matching chunk of up.
-constexpr int kStagingBytes = HG_BACKWARD_TMA ? 2 * kChunkBytes : 0;
-constexpr int kSmemBytes =
-    kStages * (kABytes + kBBytes) + kHandOverBytes + kStagingBytes + (2 * kStages + 3) * 8 + 1024;
-static_assert(kSmemBytes <= 227 * 1024, "shared memory over the 227 KB a block may have");
+// SwiGLU's backward's staging area, two chunks: by TMA, gate's and up's;
+// else, with LoRA's sums, dup's and h's.
+constexpr int kStagingBytes = 2 * kChunkBytes;
+// Shared memory a block: the ring, the hand-over buffer, the staging area
+// (SwiGLU's backward only), the barriers, and 1 KB for the alignment.
+template <HopperEpilogue kEpilogue>
+constexpr int SmemBytes() {
+  return kStages * (kABytes + kBBytes) + kHandOverBytes +
+         (kEpilogue == HopperEpilogue::kSwiGluBackward ? kStagingBytes : 0) + (2 * kStages + 3) * 8 + 1024;
+}
+static_assert(SmemBytes<HopperEpilogue::kSwiGluBackward>() <= 227 * 1024,
+              "shared memory over the 227 KB a block may have");
 
 // d (64 x 256, this thread's 128 values) += A (64 x 16) B (256 x 16)^T, or =
 // when accumulate is 0; B MN-major when kTransposeB.
@@ -174,6 +187,14 @@ struct GemmMaps {
   const int64_t* positions;
   const float* inv_freq;
   int rotate_columns;
+  // SwiGLU's backward, LoRA's sums (HopperGemmOperands::lora_*): sums null
+  // where not asked.
+  const __nv_bfloat16* lora_t;
+  const __nv_bfloat16* lora_u;
+  int64_t lora_t_stride, lora_u_stride;
+  int rank_gate, rank_up, rank_h;
+  float* lora_b_sums;
+  float* lora_a_sums;
 };
 
 // The rotary embedding over one 16-byte unit of a head's first half (a: 8
@@ -214,6 +235,106 @@ struct GemmMaps {
   }
 }
 
+// h = silu(gate) * up on 8 elements, each rounded once: SwiGLU's forward's
+// epilogue, and its backward's h for LoRA's sums (the same instructions, so
+// the same h as the forward's GEMM wrote).
+__device__ __forceinline__ uint4 SwiGlu8(const uint4& gate, const uint4& up) {
+  const auto* g2 = reinterpret_cast<const __nv_bfloat162*>(&gate);
+  const auto* u2 = reinterpret_cast<const __nv_bfloat162*>(&up);
+  uint4 out;
+  uint32_t* o = reinterpret_cast<uint32_t*>(&out);
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const float2 gf = __bfloat1622float2(g2[e]), uf = __bfloat1622float2(u2[e]);
+    o[e] = PackBf16(Silu(gf.x) * uf.x, Silu(gf.y) * uf.y);
+  }
+  return out;
+}
+
+// Elements (row, col) and (row + 1, col) of t (rows t_stride apart) as a
+// bf16 pair, the first in the low half; zero past `rows` rows or `rank`
+// columns: an A fragment's register of t^T for mma.sync.
+__device__ __forceinline__ uint32_t ThinPair(const __nv_bfloat16* t, int64_t t_stride, int row, int col, int rows,
+                                             int rank) {
+  if (col >= rank) return 0;
+  const auto* p = reinterpret_cast<const unsigned short*>(t) + static_cast<int64_t>(row) * t_stride + col;
+  const uint32_t lo = row < rows ? __ldg(p) : 0u;
+  const uint32_t hi = row + 1 < rows ? __ldg(p + t_stride) : 0u;
+  return lo | (hi << 16);
+}
+
+// c (16 x 8, float32) += a (16 x 16) b (16 x 8), bf16 operands: mma.sync's
+// fragments (a: rows lane / 4 and + 8, columns 2 (lane % 4) + {0, 1} and + 8;
+// b: its columns' pairs of rows; c: rows lane / 4 and + 8, columns 2 (lane % 4) + {0, 1}).
+__device__ __forceinline__ void Mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// *p += (a, b) for p 8-byte aligned in global memory, by one vector
+// reduction (no value returned).
+__device__ __forceinline__ void RedAdd2(float* p, float a, float b) {
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(p), "f"(a), "f"(b) : "memory");
+}
+
+// One warp's LoRA sum over a 64 x 64 chunk C of the epilogue (bf16 in the
+// hand-over buffer's swizzle; rows row0 .. row0 + 63 of the product, columns
+// col0 .. col0 + 63): sums (rank, n; rows n floats apart) += t^T C for t
+// (rows, rank) the thin operand's rows row0 .. row0 + 63, on mma.sync
+// m16n8k16 in blocks of 16 of the rank, added by 8-byte atomics. The chunk
+// holds zeros past the product's rows and columns.
+__device__ __forceinline__ void ChunkSums(const __nv_bfloat16* t, int64_t t_stride, int rank, float* sums, int n,
+                                          int rows, const uint8_t* chunk, int row0, int col0, int lane) {
+  const int g = lane / 4, pair = 2 * (lane % 4);
+  for (int mb = 0; mb < rank; mb += 16) {
+    float acc[8][4];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+    // A = t^T (the rank block x the chunk's 64 rows), all four k-steps'
+    // fragments loaded at once (their latencies overlap).
+    uint32_t a_all[4][4];
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        a_all[ks][i] = ThinPair(t, t_stride, row0 + ks * 16 + pair + (i >> 1) * 8, mb + g + (i & 1) * 8, rows, rank);
+      }
+    }
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+      const uint32_t(&a)[4] = a_all[ks];
+      // B = C's 16 rows: ldmatrix's transpose gives each column's pairs of
+      // rows; lane l addresses row l % 8 of matrix l / 8 (matrices: rows
+      // 0-7 and 8-15 of column units 2 j and 2 j + 1).
+      const int matrix = lane / 8;
+      const int r = ks * 16 + (matrix & 1) * 8 + lane % 8;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int unit = 2 * j + (matrix >> 1);
+        const uint32_t address = SmemAddress(chunk + r * 128 + ((unit ^ (r % 8)) * 16));
+        uint32_t b0, b1, b2, b3;
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3)
+                     : "r"(address)
+                     : "memory");
+        Mma16816(acc[2 * j], a, b0, b1);
+        Mma16816(acc[2 * j + 1], a, b2, b3);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int col = col0 + 8 * j + pair;
+      if (col >= n) continue;
+      const int r0 = mb + g, r1 = r0 + 8;
+      if (r0 < rank) RedAdd2(sums + static_cast<int64_t>(r0) * n + col, acc[j][0], acc[j][1]);
+      if (r1 < rank) RedAdd2(sums + static_cast<int64_t>(r1) * n + col, acc[j][2], acc[j][3]);
+    }
+  }
+}
+
 template <HopperEpilogue kEpilogue, bool kWTransposed>
 __global__ void __launch_bounds__(kThreads, 1) GemmKernel(const __grid_constant__ GemmMaps maps) {
   static_assert(!(kWTransposed && kEpilogue == HopperEpilogue::kSwiGlu), "SwiGLU takes W as stored");
@@ -236,8 +357,9 @@ __global__ void __launch_bounds__(kThreads, 1) GemmKernel(const __grid_constant_
   uint8_t* a_smem = smem;
   uint8_t* b_smem = a_smem + kStages * kABytes;
   uint8_t* chunk_smem = b_smem + kStages * kBBytes;  // the hand-over buffer
-  uint8_t* staging = chunk_smem + kHandOverBytes;  // [gate chunk | up chunk], SwiGLU's backward by TMA
-  uint64_t* full = reinterpret_cast<uint64_t*>(staging + kStagingBytes);
+  // SwiGLU's backward: [gate chunk | up chunk] by TMA, else [dup chunk | h chunk] with LoRA's sums.
+  uint8_t* staging = chunk_smem + kHandOverBytes;
+  uint64_t* full = reinterpret_cast<uint64_t*>(staging + (kBackward ? kStagingBytes : 0));
   uint64_t* empty = full + kStages;
   // The hand-over: `ready` completes a phase when both consumers have
   // written a tile into the buffer, `released` when its stores have read it.
@@ -359,6 +481,77 @@ __global__ void __launch_bounds__(kThreads, 1) GemmKernel(const __grid_constant_
           continue;
         }
 #else
+        if (kBackward && (maps.lora_b_sums != nullptr || maps.lora_a_sums != nullptr)) {
+          // With LoRA's sums, chunk by chunk (64 rows x 64 columns of dh):
+          // dgate, dup and h made and dgate, dup stored, as below, and kept
+          // in shared memory (dgate over the chunk's dh, dup and h in the
+          // staging area; zeros outside the product); then warp e adds its
+          // sum over the chunk's rows (ChunkSums): e = 0 t_gate^T dgate, 1
+          // t_up^T dup, 2 u^T h.
+          constexpr int kInFlight = HG_LORA_UNITS;
+          constexpr int kChunkUnits = kChunkBytes / 16;
+#pragma unroll 1
+          for (int chunk_index = 0; chunk_index < 8; ++chunk_index) {
+            const int c = chunk_index / 2, half = chunk_index % 2;
+            {
+              uint8_t* dgate_chunk = chunk(c, half);
+              const int row0 = row + half * 64, col0 = tile.n * kBlockN + c * kChunk;
+#pragma unroll 1
+              for (int q = w; q < kChunkUnits; q += kInFlight * 96) {
+                int offsets[kInFlight], rows[kInFlight], cols[kInFlight];
+                uint4 dh[kInFlight], g[kInFlight], u[kInFlight];
+                bool in[kInFlight];
+#pragma unroll
+                for (int i = 0; i < kInFlight; ++i) {
+                  in[i] = false;
+                  offsets[i] = -1;
+                  const int unit = q + i * 96;
+                  if (unit >= kChunkUnits) continue;
+                  const int r = unit / 8, un = unit % 8;
+                  offsets[i] = r * 128 + ((un ^ (r % 8)) * 16);
+                  rows[i] = row0 + r;
+                  cols[i] = col0 + un * 8;
+                  in[i] = rows[i] < maps.m && cols[i] < maps.n;
+                  if (in[i]) {
+                    dh[i] = *reinterpret_cast<const uint4*>(dgate_chunk + offsets[i]);
+                    const __nv_bfloat16* p = maps.gate_up + rows[i] * maps.gate_up_stride + cols[i];
+                    g[i] = __ldg(reinterpret_cast<const uint4*>(p));
+                    u[i] = __ldg(reinterpret_cast<const uint4*>(p + maps.n));
+                  }
+                }
+#pragma unroll
+                for (int i = 0; i < kInFlight; ++i) {
+                  if (offsets[i] < 0) continue;
+                  uint4 dg = make_uint4(0, 0, 0, 0), du = dg, h = dg;
+                  if (in[i]) {
+                    SwiGluBackward8(dh[i], g[i], u[i], dg, du);
+                    h = SwiGlu8(g[i], u[i]);
+                    __nv_bfloat16* p = maps.grad + rows[i] * maps.grad_stride + cols[i];
+                    *reinterpret_cast<uint4*>(p) = dg;
+                    *reinterpret_cast<uint4*>(p + maps.n) = du;
+                  }
+                  *reinterpret_cast<uint4*>(dgate_chunk + offsets[i]) = dg;
+                  *reinterpret_cast<uint4*>(staging + offsets[i]) = du;
+                  *reinterpret_cast<uint4*>(staging + kChunkBytes + offsets[i]) = h;
+                }
+              }
+              NamedBarrier(3, 96);
+              const int e = w / 32;
+              const __nv_bfloat16* thin = e == 2 ? maps.lora_u : maps.lora_t + (e == 1 ? maps.rank_gate : 0);
+              const int64_t thin_stride = e == 2 ? maps.lora_u_stride : maps.lora_t_stride;
+              const int64_t b_row = e == 1 ? static_cast<int64_t>(maps.rank_gate) * maps.n : 0;
+              float* sums = e == 2 ? maps.lora_a_sums : maps.lora_b_sums == nullptr ? nullptr : maps.lora_b_sums + b_row;
+              const int rank = sums == nullptr ? 0 : e == 0 ? maps.rank_gate : e == 1 ? maps.rank_up : maps.rank_h;
+              if (rank > 0) {
+                const uint8_t* operand = e == 0 ? dgate_chunk : staging + (e == 1 ? 0 : kChunkBytes);
+                ChunkSums(thin, thin_stride, rank, sums, maps.n, maps.m, operand, row0, col0, w % 32);
+              }
+              NamedBarrier(3, 96);  // the chunks read before the next chunk's writes
+            }
+          }
+          BarrierArrive(released);
+          continue;
+        }
         if (kBackward) {
           // 16-byte unit q of dh: consecutive threads along a row (eight
           // units a row of a 64-column block), so that gate|up's reads and
@@ -420,18 +613,7 @@ __global__ void __launch_bounds__(kThreads, 1) GemmKernel(const __grid_constant_
         constexpr int kUnits = 2 * kChunkBytes * 2 / 16;  // gate's 32 KB in 16-byte units
         for (int q = w; q < kUnits; q += 96) {
           uint4* gate = reinterpret_cast<uint4*>(chunk_smem) + q;
-          const uint4 g = *gate;
-          const uint4 u = *(reinterpret_cast<const uint4*>(chunk_smem + 2 * 2 * kChunkBytes) + q);
-          const auto* g2 = reinterpret_cast<const __nv_bfloat162*>(&g);
-          const auto* u2 = reinterpret_cast<const __nv_bfloat162*>(&u);
-          uint4 out;
-          uint32_t* o = reinterpret_cast<uint32_t*>(&out);
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const float2 gf = __bfloat1622float2(g2[e]), uf = __bfloat1622float2(u2[e]);
-            o[e] = PackBf16(Silu(gf.x) * uf.x, Silu(gf.y) * uf.y);
-          }
-          *gate = out;
+          *gate = SwiGlu8(*gate, *(reinterpret_cast<const uint4*>(chunk_smem + 2 * 2 * kChunkBytes) + q));
         }
         FenceAsyncShared();
         NamedBarrier(3, 96);
@@ -533,6 +715,7 @@ __global__ void __launch_bounds__(kThreads, 1) GemmKernel(const __grid_constant_
 
 template <HopperEpilogue kEpilogue, bool kWTransposed>
 std::string Launch(const GemmMaps& maps, int grid, cudaStream_t stream) {
+  constexpr int kSmemBytes = SmemBytes<kEpilogue>();
   const std::string why = AllowSharedMemory<GemmKernel<kEpilogue, kWTransposed>>(kSmemBytes);
   if (!why.empty()) return "HopperGemm: " + why;
   GemmKernel<kEpilogue, kWTransposed><<<grid, kThreads, kSmemBytes, stream>>>(maps);
@@ -547,7 +730,9 @@ std::string HopperGemmBuild() {
                                std::string(HG_BACKWARD_PREFETCH ? ", gate and up prefetched to L2" : "");
   return "cooperative 128 x 256, epilogue by the producer's warps (SwiGLU's backward " + backward + ")" +
          ", stages " + std::to_string(kStages) + ", group " + std::to_string(HG_GROUP) + ", fast silu " +
-         std::to_string(HG_FAST_SILU) + ", " + std::to_string(kSmemBytes) + " bytes of shared memory a block";
+         std::to_string(HG_FAST_SILU) + ", " + std::to_string(SmemBytes<HopperEpilogue::kPlain>()) +
+         " bytes of shared memory a block (" + std::to_string(SmemBytes<HopperEpilogue::kSwiGluBackward>()) +
+         " for SwiGLU's backward)";
 }
 
 bool CurrentDeviceIsHopper() { return CurrentDevice().hopper; }
@@ -567,6 +752,20 @@ std::string HopperGemm(const HopperGemmOperands& o, HopperEpilogue epilogue, voi
                    o.gate_up_stride % 8 != 0 || o.gate_up_stride < 2 * o.n || o.d_stride < 2 * o.n)) {
     return "HopperGemm: SwiGLU's backward needs W transposed, n a multiple of 8, and gate|up and D of 2 n columns, "
            "16-byte aligned";
+  }
+  const bool lora_b = o.lora_b_sums != nullptr, lora_a = o.lora_a_sums != nullptr;
+  if ((lora_b || lora_a) && (!backward || HG_BACKWARD_TMA)) {
+    return "HopperGemm: LoRA's sums are SwiGLU's backward's, in the build without TMA for it";
+  }
+  if (lora_b && (o.lora_t == nullptr || o.rank_gate < 0 || o.rank_up < 0 || o.rank_gate + o.rank_up == 0 ||
+                 o.rank_gate > 256 || o.rank_up > 256 || o.lora_t_stride < o.rank_gate + o.rank_up ||
+                 reinterpret_cast<uintptr_t>(o.lora_b_sums) % 8 != 0)) {
+    return "HopperGemm: LoRA's B sums need t, ranks 0-256 (not both 0), t's stride at least their sum, and "
+           "8-byte aligned sums";
+  }
+  if (lora_a && (o.lora_u == nullptr || o.rank_h <= 0 || o.rank_h > 256 || o.lora_u_stride < o.rank_h ||
+                 reinterpret_cast<uintptr_t>(o.lora_a_sums) % 8 != 0)) {
+    return "HopperGemm: LoRA's A sums need u, a rank of 1-256, u's stride at least it, and 8-byte aligned sums";
   }
   if (o.m <= 0 || o.n <= 0 || o.k <= 0) return "HopperGemm: empty product";
   if (o.m >= (int64_t{1} << 31) || o.n >= (int64_t{1} << 31) || o.k >= (int64_t{1} << 31)) {
@@ -628,9 +827,24 @@ std::string HopperGemm(const HopperGemmOperands& o, HopperEpilogue epilogue, voi
   maps.positions = o.positions;
   maps.inv_freq = o.inv_freq;
   maps.rotate_columns = static_cast<int>(o.rotate_columns);
+  maps.lora_t = static_cast<const __nv_bfloat16*>(o.lora_t);
+  maps.lora_u = static_cast<const __nv_bfloat16*>(o.lora_u);
+  maps.lora_t_stride = o.lora_t_stride;
+  maps.lora_u_stride = o.lora_u_stride;
+  maps.rank_gate = lora_b ? static_cast<int>(o.rank_gate) : 0;
+  maps.rank_up = lora_b ? static_cast<int>(o.rank_up) : 0;
+  maps.rank_h = lora_a ? static_cast<int>(o.rank_h) : 0;
+  maps.lora_b_sums = o.lora_b_sums;
+  maps.lora_a_sums = o.lora_a_sums;
   const int tiles = maps.tiles_m * maps.tiles_n;
   const int grid = std::min(tiles, device.sms);
   auto* s = static_cast<cudaStream_t>(stream);
+  if (lora_b && cudaMemsetAsync(o.lora_b_sums, 0, (o.rank_gate + o.rank_up) * o.n * 4, s) != cudaSuccess) {
+    return std::string("HopperGemm: zeroing LoRA's B sums failed: ") + cudaGetErrorString(cudaGetLastError());
+  }
+  if (lora_a && cudaMemsetAsync(o.lora_a_sums, 0, o.rank_h * o.n * 4, s) != cudaSuccess) {
+    return std::string("HopperGemm: zeroing LoRA's A sums failed: ") + cudaGetErrorString(cudaGetLastError());
+  }
   if (swiglu) return Launch<HopperEpilogue::kSwiGlu, false>(maps, grid, s);
   if (backward) return Launch<HopperEpilogue::kSwiGluBackward, true>(maps, grid, s);
   if (rope) return Launch<HopperEpilogue::kRope, false>(maps, grid, s);

@@ -53,6 +53,26 @@ struct HopperGemmOperands {
   const int64_t* positions = nullptr;
   const float* inv_freq = nullptr;
   int64_t rotate_columns = 0;
+  // SwiGLU's backward only, optional: LoRA's products over the rows taken in
+  // the epilogue, float32 sums (rows of n floats, contiguous), zeroed and
+  // written by the launch:
+  //   lora_b_sums (rank_gate + rank_up, n) = [t_gate^T dgate ; t_up^T dup]
+  //     for lora_t = [t_gate | t_up] (m, rank_gate + rank_up), gate|up's
+  //     x A^T (the B gradients of gate's and up's LoRA, transposed, unscaled);
+  //   lora_a_sums (rank_h, n) = lora_u^T h for lora_u (m, rank_h), down's
+  //     s g B, and h = silu(gate) * up rounded to bf16 as kSwiGlu writes it
+  //     (down's LoRA A gradient).
+  // dgate and dup enter rounded to bf16, as D holds them. Either sum may be
+  // asked alone (the other's pointer null); ranks 1-256 each (a rank of 0
+  // leaves its rows out); thin operands' strides at least their ranks.
+  const void* lora_t = nullptr;
+  int64_t lora_t_stride = 0;
+  int64_t rank_gate = 0, rank_up = 0;
+  float* lora_b_sums = nullptr;
+  const void* lora_u = nullptr;
+  int64_t lora_u_stride = 0;
+  int64_t rank_h = 0;
+  float* lora_a_sums = nullptr;
   int64_t m = 0, n = 0, k = 0;
 };
 

@@ -168,8 +168,11 @@ int SwiGluNodes(const torch::Tensor& loss) {
 // the loss and adapter gradients of SwiGLU's own node, with LoRA dropout
 // (down's dropout terms go into dh before SwiGLU's backward) and with every
 // layer or only the first recomputed (the kept layers' down makes h again
-// from gate and up). On the CPU and at the fixture's sizes the GEMM of our
-// own takes nothing: this is the graph's plumbing and SwiGluGradients.
+// from gate and up). At level 3 as well: gate|up's node hands its t and a
+// buffer for its B gradients to down's node, and no layer keeps h. On the
+// CPU and at the fixture's sizes the GEMM of our own takes nothing: this is
+// the graph's plumbing and SwiGluGradients (gate|up's backward then makes
+// its own B gradients, down makes h again from gate and up).
 TEST(SwiGluInDown, SameLossAndGradientsAsSwiGlusOwnNode) {
   for (auto [dropout, layers] : {std::pair<double, int64_t>{0.0, -1}, {0.0, 0}, {0.0, 1}, {0.3, -1}, {0.3, 1}}) {
     SCOPED_TRACE("dropout " + std::to_string(dropout) + ", checkpointed layers " + std::to_string(layers) +
@@ -179,26 +182,29 @@ TEST(SwiGluInDown, SameLossAndGradientsAsSwiGlusOwnNode) {
     if (layers >= 0) model->set_gradient_checkpointing(true, layers);
     std::vector<engine::TokenExample> storage;
     engine::Batch batch = RandomBatch(*model, storage);
-    auto run = [&](bool in_down) {
-      engine::SetSwiGluGemm(in_down ? 2 : 0);
+    auto run = [&](int level) {
+      engine::SetSwiGluGemm(level);
       ZeroGradients(*model);
       torch::manual_seed(21);
       torch::Tensor loss = engine::CausalLmLossSum(*model, batch);
       // SwiGLU's node leaves the graph with the switch (recomputed layers'
       // graphs are the checkpoint's own, out of sight).
       if (layers < 0) {
-        EXPECT_EQ(SwiGluNodes(loss) > 0, !in_down) << "switched " << (in_down ? "on" : "off");
+        EXPECT_EQ(SwiGluNodes(loss) > 0, level < 2) << "level " << level;
       }
       loss.backward();
       engine::SetSwiGluGemm(0);
       return std::make_pair(loss.detach(), Gradients(*model));
     };
-    const auto [own_loss, own_grads] = run(false);
-    const auto [down_loss, down_grads] = run(true);
-    EXPECT_LE(RelativeError(down_loss, own_loss), TestTolerances().loss);
-    ASSERT_EQ(down_grads.size(), own_grads.size());
-    for (size_t i = 0; i < own_grads.size(); ++i) {
-      EXPECT_LE(RelativeError(down_grads[i], own_grads[i]), TestTolerances().loss * 10) << "tensor " << i;
+    const auto [own_loss, own_grads] = run(0);
+    for (int level : {2, 3}) {
+      SCOPED_TRACE("level " + std::to_string(level));
+      const auto [down_loss, down_grads] = run(level);
+      EXPECT_LE(RelativeError(down_loss, own_loss), TestTolerances().loss);
+      ASSERT_EQ(down_grads.size(), own_grads.size());
+      for (size_t i = 0; i < own_grads.size(); ++i) {
+        EXPECT_LE(RelativeError(down_grads[i], own_grads[i]), TestTolerances().loss * 10) << "tensor " << i;
+      }
     }
   }
 }
