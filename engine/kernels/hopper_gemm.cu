@@ -35,6 +35,11 @@
 // more at 4: local memory in the warps that run under the main loop.)
 #define HG_LORA_UNITS 2
 #endif
+#ifndef HG_LORA_REGISTERS
+// SwiGLU's backward with LoRA's sums: the producer warpgroup's registers a
+// thread (the epilogue warps'), the consumers' what is left.
+#define HG_LORA_REGISTERS 112
+#endif
 #ifndef HG_BACKWARD_PREFETCH
 // SwiGLU's backward: 1 the producer asks L2 for a tile's gate and up when
 // it starts loading the tile's k-slices, a main loop before the epilogue
@@ -76,14 +81,20 @@ constexpr int kHandOverBytes = 8 * kChunkBytes;  // 64 KB
 // SwiGLU's backward's staging area, two chunks: by TMA, gate's and up's;
 // else, with LoRA's sums, dup's and h's.
 constexpr int kStagingBytes = 2 * kChunkBytes;
-// Shared memory a block: the ring, the hand-over buffer, the staging area
-// (SwiGLU's backward only), the barriers, and 1 KB for the alignment.
-template <HopperEpilogue kEpilogue>
-constexpr int SmemBytes() {
-  return kStages * (kABytes + kBBytes) + kHandOverBytes +
-         (kEpilogue == HopperEpilogue::kSwiGluBackward ? kStagingBytes : 0) + (2 * kStages + 3) * 8 + 1024;
+// Whether a kernel has the staging area: SwiGLU's backward by TMA, or with
+// LoRA's sums.
+template <HopperEpilogue kEpilogue, bool kLoraSums>
+__host__ __device__ constexpr bool Stages() {
+  return kEpilogue == HopperEpilogue::kSwiGluBackward && (HG_BACKWARD_TMA || kLoraSums);
 }
-static_assert(SmemBytes<HopperEpilogue::kSwiGluBackward>() <= 227 * 1024,
+// Shared memory a block: the ring, the hand-over buffer, the staging area
+// (above), the barriers, and 1 KB for the alignment.
+template <HopperEpilogue kEpilogue, bool kLoraSums>
+constexpr int SmemBytes() {
+  return kStages * (kABytes + kBBytes) + kHandOverBytes + (Stages<kEpilogue, kLoraSums>() ? kStagingBytes : 0) +
+         (2 * kStages + 3) * 8 + 1024;
+}
+static_assert(SmemBytes<HopperEpilogue::kSwiGluBackward, true>() <= 227 * 1024,
               "shared memory over the 227 KB a block may have");
 
 // d (64 x 256, this thread's 128 values) += A (64 x 16) B (256 x 16)^T, or =
@@ -335,8 +346,12 @@ __device__ __forceinline__ void ChunkSums(const __nv_bfloat16* t, int64_t t_stri
   }
 }
 
-template <HopperEpilogue kEpilogue, bool kWTransposed>
+// kLoraSums: SwiGLU's backward with LoRA's sums (a kernel of its own: their
+// code in the epilogue warps' part costs the plain backward's epilogue its
+// registers, measured 1.8 times slower with it in one kernel).
+template <HopperEpilogue kEpilogue, bool kWTransposed, bool kLoraSums>
 __global__ void __launch_bounds__(kThreads, 1) GemmKernel(const __grid_constant__ GemmMaps maps) {
+  static_assert(!kLoraSums || kEpilogue == HopperEpilogue::kSwiGluBackward, "LoRA's sums are SwiGLU's backward's");
   static_assert(!(kWTransposed && kEpilogue == HopperEpilogue::kSwiGlu), "SwiGLU takes W as stored");
   static_assert(kEpilogue != HopperEpilogue::kSwiGluBackward || kWTransposed, "SwiGLU's backward takes W transposed");
   static_assert(!(kWTransposed && kEpilogue == HopperEpilogue::kRope), "the rotary epilogue takes W as stored");
@@ -348,8 +363,15 @@ __global__ void __launch_bounds__(kThreads, 1) GemmKernel(const __grid_constant_
   // leaves the consumers waiting in setmaxnreg.inc for ever). The backward's
   // epilogue warps hold HG_BACKWARD_UNITS units' operands in flight; the
   // rotary's hold two units and their angles.
-  constexpr int kProducerRegisters = kBackward ? (HG_BACKWARD_UNITS > 2 ? 112 : 72) : kRope ? 72 : 40;
-  constexpr int kConsumerRegisters = kBackward ? (HG_BACKWARD_UNITS > 2 ? 192 : 216) : kRope ? 216 : 232;
+  // With LoRA's sums, HG_LORA_REGISTERS for the producer's warpgroup and
+  // the rest, a multiple of 8, for the consumers'.
+  constexpr int kProducerRegisters =
+      kLoraSums ? HG_LORA_REGISTERS : kBackward ? (HG_BACKWARD_UNITS > 2 ? 112 : 72) : kRope ? 72 : 40;
+  constexpr int kConsumerRegisters =
+      kLoraSums ? (kThreads * kLaunchRegisters - 128 * HG_LORA_REGISTERS) / 256 / 8 * 8
+      : kBackward ? (HG_BACKWARD_UNITS > 2 ? 192 : 216)
+      : kRope     ? 216
+                  : 232;
   static_assert(128 * kProducerRegisters + 256 * kConsumerRegisters <= kThreads * kLaunchRegisters,
                 "the warpgroups' registers over the launch's");
   extern __shared__ uint8_t raw_smem[];
@@ -359,7 +381,7 @@ __global__ void __launch_bounds__(kThreads, 1) GemmKernel(const __grid_constant_
   uint8_t* chunk_smem = b_smem + kStages * kBBytes;  // the hand-over buffer
   // SwiGLU's backward: [gate chunk | up chunk] by TMA, else [dup chunk | h chunk] with LoRA's sums.
   uint8_t* staging = chunk_smem + kHandOverBytes;
-  uint64_t* full = reinterpret_cast<uint64_t*>(staging + (kBackward ? kStagingBytes : 0));
+  uint64_t* full = reinterpret_cast<uint64_t*>(staging + (Stages<kEpilogue, kLoraSums>() ? kStagingBytes : 0));
   uint64_t* empty = full + kStages;
   // The hand-over: `ready` completes a phase when both consumers have
   // written a tile into the buffer, `released` when its stores have read it.
@@ -481,7 +503,7 @@ __global__ void __launch_bounds__(kThreads, 1) GemmKernel(const __grid_constant_
           continue;
         }
 #else
-        if (kBackward && (maps.lora_b_sums != nullptr || maps.lora_a_sums != nullptr)) {
+        if (kBackward && kLoraSums) {
           // With LoRA's sums, chunk by chunk (64 rows x 64 columns of dh):
           // dgate, dup and h made and dgate, dup stored, as below, and kept
           // in shared memory (dgate over the chunk's dh, dup and h in the
@@ -713,12 +735,12 @@ __global__ void __launch_bounds__(kThreads, 1) GemmKernel(const __grid_constant_
 
 // ---- host ----
 
-template <HopperEpilogue kEpilogue, bool kWTransposed>
+template <HopperEpilogue kEpilogue, bool kWTransposed, bool kLoraSums = false>
 std::string Launch(const GemmMaps& maps, int grid, cudaStream_t stream) {
-  constexpr int kSmemBytes = SmemBytes<kEpilogue>();
-  const std::string why = AllowSharedMemory<GemmKernel<kEpilogue, kWTransposed>>(kSmemBytes);
+  constexpr int kSmemBytes = SmemBytes<kEpilogue, kLoraSums>();
+  const std::string why = AllowSharedMemory<GemmKernel<kEpilogue, kWTransposed, kLoraSums>>(kSmemBytes);
   if (!why.empty()) return "HopperGemm: " + why;
-  GemmKernel<kEpilogue, kWTransposed><<<grid, kThreads, kSmemBytes, stream>>>(maps);
+  GemmKernel<kEpilogue, kWTransposed, kLoraSums><<<grid, kThreads, kSmemBytes, stream>>>(maps);
   const cudaError_t e = cudaGetLastError();
   return e == cudaSuccess ? "" : std::string("HopperGemm: launch failed: ") + cudaGetErrorString(e);
 }
@@ -730,9 +752,9 @@ std::string HopperGemmBuild() {
                                std::string(HG_BACKWARD_PREFETCH ? ", gate and up prefetched to L2" : "");
   return "cooperative 128 x 256, epilogue by the producer's warps (SwiGLU's backward " + backward + ")" +
          ", stages " + std::to_string(kStages) + ", group " + std::to_string(HG_GROUP) + ", fast silu " +
-         std::to_string(HG_FAST_SILU) + ", " + std::to_string(SmemBytes<HopperEpilogue::kPlain>()) +
-         " bytes of shared memory a block (" + std::to_string(SmemBytes<HopperEpilogue::kSwiGluBackward>()) +
-         " for SwiGLU's backward)";
+         std::to_string(HG_FAST_SILU) + ", " + std::to_string(SmemBytes<HopperEpilogue::kPlain, false>()) +
+         " bytes of shared memory a block (" + std::to_string(SmemBytes<HopperEpilogue::kSwiGluBackward, true>()) +
+         " for SwiGLU's backward with LoRA's sums)";
 }
 
 bool CurrentDeviceIsHopper() { return CurrentDevice().hopper; }
@@ -846,7 +868,10 @@ std::string HopperGemm(const HopperGemmOperands& o, HopperEpilogue epilogue, voi
     return std::string("HopperGemm: zeroing LoRA's A sums failed: ") + cudaGetErrorString(cudaGetLastError());
   }
   if (swiglu) return Launch<HopperEpilogue::kSwiGlu, false>(maps, grid, s);
-  if (backward) return Launch<HopperEpilogue::kSwiGluBackward, true>(maps, grid, s);
+  if (backward) {
+    return lora_b || lora_a ? Launch<HopperEpilogue::kSwiGluBackward, true, true>(maps, grid, s)
+                            : Launch<HopperEpilogue::kSwiGluBackward, true>(maps, grid, s);
+  }
   if (rope) return Launch<HopperEpilogue::kRope, false>(maps, grid, s);
   return o.w_transposed ? Launch<HopperEpilogue::kPlain, true>(maps, grid, s)
                         : Launch<HopperEpilogue::kPlain, false>(maps, grid, s);
