@@ -234,7 +234,7 @@ void SetSwiGluGemm(int level) { Setting().store(level); }
 
 int SwiGluGemmLevel(const torch::Device& device, torch::ScalarType dtype) {
   const int level = Setting().load(std::memory_order_relaxed);
-  return level != kAuto ? level : AutoOn(device, dtype) ? 3 : 0;
+  return level != kAuto ? level : AutoOn(device, dtype) ? 2 : 0;
 }
 
 EpilogueGemmCounts EpilogueGemmRuns() { return {forward_runs.load(), backward_runs.load(), rope_runs.load()}; }

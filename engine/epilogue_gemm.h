@@ -76,10 +76,12 @@ torch::Tensor DownInputGradientWithSwiGlu(const torch::Tensor& x, const torch::T
 // gate and up (which it keeps anyway) instead of h. Each GEMM takes its
 // products only where it can (above); what it does not take, the nodes do
 // as at level 2. From the environment's TRAINERD_HOPPER_GEMM ("0" to "3";
-// read once; other values 0) or SetSwiGluGemm, on every device; unset, 3 for
+// read once; other values 0) or SetSwiGluGemm, on every device; unset, 2 for
 // bf16 on a Hopper GPU and 0 elsewhere (measured faster on the 8b row:
-// bench/speed/NOTES.md, "The epilogues in the step" and "LoRA's products in
-// down's backward").
+// bench/speed/NOTES.md, "The epilogues in the step"). Level 3 is opt-in: it
+// saves the 8b row 6.9 GiB (h kept by no layer) but its epilogue makes down's
+// input gradient 2.5 times slower, the step 14% ("LoRA's products in down's
+// backward").
 void SetSwiGluGemm(int level);
 int SwiGluGemmLevel(const torch::Device& device, torch::ScalarType dtype);
 

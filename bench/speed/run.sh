@@ -27,7 +27,7 @@
 #   RUN_TIMEOUT_S=0                      kill one measurement after this many seconds (0: never)
 #   TRAINERD_EXTRA_YAML='key: value'     extra training: keys for trainerd on every row (one per line)
 #   TRAINERD_HOPPER_GEMM=0|1|2|3         trainerd's SwiGLU in the MLP's GEMMs (engine/epilogue_gemm.h; 1 forward, 2
-#                                        backward too, 3 LoRA's products over its rows too; unset: 3 for bf16 on a
+#                                        backward too, 3 LoRA's products over its rows too; unset: 2 for bf16 on a
 #                                        Hopper GPU)
 #   TRAINERD_HOPPER_ROPE=0|1             trainerd's rotary embedding in q|k|v's GEMM (unset: on there)
 #   TRAINERD_HOPPER_ATTENTION=0|1        trainerd's attention on its Hopper kernels (engine/hopper_attention.h; unset:
