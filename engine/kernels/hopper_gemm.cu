@@ -30,15 +30,23 @@
 #define HG_BACKWARD_UNITS 4
 #endif
 #ifndef HG_LORA_UNITS
-// SwiGLU's backward with LoRA's sums: 16-byte units a thread in flight. (ptxas
-// spills about 450 bytes of the epilogue warps' registers in that path at 2,
-// more at 4: local memory in the warps that run under the main loop.)
+// SwiGLU's backward with LoRA's sums: 16-byte units a thread in flight (2
+// and 4 measured the same). ptxas spills 200-500 bytes of the epilogue warps'
+// registers in that kernel, whatever these settings.
 #define HG_LORA_UNITS 2
 #endif
 #ifndef HG_LORA_REGISTERS
 // SwiGLU's backward with LoRA's sums: the producer warpgroup's registers a
-// thread (the epilogue warps'), the consumers' what is left.
-#define HG_LORA_REGISTERS 112
+// thread (the epilogue warps'), the consumers' what is left (176 at 152).
+// Measured on an H100 (NOTES.md, "LoRA's products in down's backward"): 112
+// 3.56 ms, 152 2.88, 168 2.71 for down's input gradient at the 8b shape.
+#define HG_LORA_REGISTERS 152
+#endif
+#ifndef HG_LORA_PREFETCH
+// SwiGLU's backward with LoRA's sums: 1 the producer asks L2 for a tile's
+// gate and up a main loop ahead (as HG_BACKWARD_PREFETCH); 0 not (measured
+// the same: 2.89 against 2.80 ms).
+#define HG_LORA_PREFETCH 0
 #endif
 #ifndef HG_BACKWARD_PREFETCH
 // SwiGLU's backward: 1 the producer asks L2 for a tile's gate and up when
@@ -297,22 +305,39 @@ __device__ __forceinline__ void RedAdd2(float* p, float a, float b) {
 // (rows, rank) the thin operand's rows row0 .. row0 + 63, on mma.sync
 // m16n8k16 in blocks of 16 of the rank, added by 8-byte atomics. The chunk
 // holds zeros past the product's rows and columns.
-__device__ __forceinline__ void ChunkSums(const __nv_bfloat16* t, int64_t t_stride, int rank, float* sums, int n,
-                                          int rows, const uint8_t* chunk, int row0, int col0, int lane) {
+// A = t^T's fragments for rank block mb (16 of the rank) over the chunk's
+// 64 rows from row0, all four k-steps' (their loads' latencies overlap).
+__device__ __forceinline__ void ThinFragments(uint32_t (&a_all)[4][4], const __nv_bfloat16* t, int64_t t_stride,
+                                              int rank, int rows, int row0, int mb, int lane) {
+  const int g = lane / 4, pair = 2 * (lane % 4);
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      a_all[ks][i] = ThinPair(t, t_stride, row0 + ks * 16 + pair + (i >> 1) * 8, mb + g + (i & 1) * 8, rows, rank);
+    }
+  }
+}
+
+// first: rank block 0's fragments (ThinFragments), loaded by the caller
+// ahead of the chunk's other work.
+__device__ __forceinline__ void ChunkSums(const uint32_t (&first)[4][4], const __nv_bfloat16* t, int64_t t_stride,
+                                          int rank, float* sums, int n, int rows, const uint8_t* chunk, int row0,
+                                          int col0, int lane) {
   const int g = lane / 4, pair = 2 * (lane % 4);
   for (int mb = 0; mb < rank; mb += 16) {
     float acc[8][4];
 #pragma unroll
     for (int j = 0; j < 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-    // A = t^T (the rank block x the chunk's 64 rows), all four k-steps'
-    // fragments loaded at once (their latencies overlap).
     uint32_t a_all[4][4];
+    if (mb == 0) {
 #pragma unroll
-    for (int ks = 0; ks < 4; ++ks) {
+      for (int ks = 0; ks < 4; ++ks) {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        a_all[ks][i] = ThinPair(t, t_stride, row0 + ks * 16 + pair + (i >> 1) * 8, mb + g + (i & 1) * 8, rows, rank);
+        for (int i = 0; i < 4; ++i) a_all[ks][i] = first[ks][i];
       }
+    } else {
+      ThinFragments(a_all, t, t_stride, rank, rows, row0, mb, lane);
     }
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks) {
@@ -518,6 +543,16 @@ __global__ void __launch_bounds__(kThreads, 1) GemmKernel(const __grid_constant_
             {
               uint8_t* dgate_chunk = chunk(c, half);
               const int row0 = row + half * 64, col0 = tile.n * kBlockN + c * kChunk;
+              // This warp's product (e = w / 32) and its thin operand's first
+              // fragments, loaded ahead of the chunk's units.
+              const int e = w / 32;
+              const __nv_bfloat16* thin = e == 2 ? maps.lora_u : maps.lora_t + (e == 1 ? maps.rank_gate : 0);
+              const int64_t thin_stride = e == 2 ? maps.lora_u_stride : maps.lora_t_stride;
+              const int64_t b_row = e == 1 ? static_cast<int64_t>(maps.rank_gate) * maps.n : 0;
+              float* sums = e == 2 ? maps.lora_a_sums : maps.lora_b_sums == nullptr ? nullptr : maps.lora_b_sums + b_row;
+              const int rank = sums == nullptr ? 0 : e == 0 ? maps.rank_gate : e == 1 ? maps.rank_up : maps.rank_h;
+              uint32_t first[4][4];
+              if (rank > 0) ThinFragments(first, thin, thin_stride, rank, maps.m, row0, 0, w % 32);
 #pragma unroll 1
               for (int q = w; q < kChunkUnits; q += kInFlight * 96) {
                 int offsets[kInFlight], rows[kInFlight], cols[kInFlight];
@@ -558,15 +593,9 @@ __global__ void __launch_bounds__(kThreads, 1) GemmKernel(const __grid_constant_
                 }
               }
               NamedBarrier(3, 96);
-              const int e = w / 32;
-              const __nv_bfloat16* thin = e == 2 ? maps.lora_u : maps.lora_t + (e == 1 ? maps.rank_gate : 0);
-              const int64_t thin_stride = e == 2 ? maps.lora_u_stride : maps.lora_t_stride;
-              const int64_t b_row = e == 1 ? static_cast<int64_t>(maps.rank_gate) * maps.n : 0;
-              float* sums = e == 2 ? maps.lora_a_sums : maps.lora_b_sums == nullptr ? nullptr : maps.lora_b_sums + b_row;
-              const int rank = sums == nullptr ? 0 : e == 0 ? maps.rank_gate : e == 1 ? maps.rank_up : maps.rank_h;
               if (rank > 0) {
                 const uint8_t* operand = e == 0 ? dgate_chunk : staging + (e == 1 ? 0 : kChunkBytes);
-                ChunkSums(thin, thin_stride, rank, sums, maps.n, maps.m, operand, row0, col0, w % 32);
+                ChunkSums(first, thin, thin_stride, rank, sums, maps.n, maps.m, operand, row0, col0, w % 32);
               }
               NamedBarrier(3, 96);  // the chunks read before the next chunk's writes
             }
@@ -657,7 +686,7 @@ __global__ void __launch_bounds__(kThreads, 1) GemmKernel(const __grid_constant_
     int it = 0;
     for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
       const TileCoordinates tile = Tile(t, maps.tiles_m, maps.tiles_n);
-      if (kBackward && HG_BACKWARD_PREFETCH) {
+      if (kBackward && (HG_BACKWARD_PREFETCH || (kLoraSums && HG_LORA_PREFETCH))) {
         // The tile's gate and up (64 x 64 boxes), for its epilogue.
         for (int c = 0; c < 4; ++c) {
           for (int half = 0; half < 2; ++half) {
