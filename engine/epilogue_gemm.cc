@@ -2,9 +2,9 @@
 
 #include <atomic>
 #include <cstdlib>
-#include <cstring>
 #include <string>
 
+#include "engine/environment_level.h"
 #include "engine/hopper_rows.h"
 
 #ifdef TRAINERD_WITH_HOPPER_KERNELS
@@ -19,25 +19,15 @@ namespace {
 
 std::atomic<int64_t> forward_runs{0}, backward_runs{0}, rope_runs{0};
 
-constexpr int kAuto = -1;  // unset: on (level 2, the rotary on) for bf16 on a Hopper GPU, off elsewhere
-
+// The settings: unset (kAutomaticLevel) on for bf16 on a Hopper GPU (level
+// 2, the rotary on), off elsewhere.
 std::atomic<int>& Setting() {
-  static std::atomic<int> level{[] {
-    const char* v = std::getenv("TRAINERD_HOPPER_GEMM");
-    if (v == nullptr) return kAuto;
-    if (std::strcmp(v, "3") == 0) return 3;
-    if (std::strcmp(v, "2") == 0) return 2;
-    return std::strcmp(v, "1") == 0 ? 1 : 0;
-  }()};
+  static std::atomic<int> level{EnvironmentLevel("TRAINERD_HOPPER_GEMM", 3)};
   return level;
 }
 
 std::atomic<int>& RopeSetting() {
-  static std::atomic<int> on{[] {
-    const char* v = std::getenv("TRAINERD_HOPPER_ROPE");
-    if (v == nullptr) return kAuto;
-    return std::strcmp(v, "1") == 0 ? 1 : 0;
-  }()};
+  static std::atomic<int> on{EnvironmentLevel("TRAINERD_HOPPER_ROPE", 1)};
   return on;
 }
 
@@ -234,7 +224,7 @@ void SetSwiGluGemm(int level) { Setting().store(level); }
 
 int SwiGluGemmLevel(const torch::Device& device, torch::ScalarType dtype) {
   const int level = Setting().load(std::memory_order_relaxed);
-  return level != kAuto ? level : AutoOn(device, dtype) ? 2 : 0;
+  return level != kAutomaticLevel ? level : AutoOn(device, dtype) ? 2 : 0;
 }
 
 EpilogueGemmCounts EpilogueGemmRuns() { return {forward_runs.load(), backward_runs.load(), rope_runs.load()}; }
@@ -243,11 +233,11 @@ void SetRopeGemm(bool on) { RopeSetting().store(on ? 1 : 0); }
 
 bool RopeGemmEnabled(const torch::Device& device, torch::ScalarType dtype) {
   const int on = RopeSetting().load(std::memory_order_relaxed);
-  return on != kAuto ? on == 1 : AutoOn(device, dtype);
+  return on != kAutomaticLevel ? on == 1 : AutoOn(device, dtype);
 }
 
-bool SwiGluGemmLevelIsAutomatic() { return Setting().load(std::memory_order_relaxed) == kAuto; }
-bool RopeGemmIsAutomatic() { return RopeSetting().load(std::memory_order_relaxed) == kAuto; }
+bool SwiGluGemmLevelIsAutomatic() { return Setting().load(std::memory_order_relaxed) == kAutomaticLevel; }
+bool RopeGemmIsAutomatic() { return RopeSetting().load(std::memory_order_relaxed) == kAutomaticLevel; }
 
 bool EpilogueGemmSettingsGiven() {
   return std::getenv("TRAINERD_HOPPER_GEMM") != nullptr || std::getenv("TRAINERD_HOPPER_ROPE") != nullptr;

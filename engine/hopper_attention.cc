@@ -2,10 +2,9 @@
 
 #include <atomic>
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
 #include <string>
 
+#include "engine/environment_level.h"
 #include "engine/hopper_rows.h"
 
 #ifdef TRAINERD_WITH_HOPPER_KERNELS
@@ -20,15 +19,9 @@ namespace {
 
 std::atomic<int64_t> runs{0};
 
-constexpr int kAuto = -1;  // the setting neither given nor set: on
-
 // TRAINERD_HOPPER_ATTENTION as the environment gave it: 1 on, another value
-// off, unset kAuto.
-int EnvironmentSetting() {
-  const char* v = std::getenv("TRAINERD_HOPPER_ATTENTION");
-  if (v == nullptr) return kAuto;
-  return std::strcmp(v, "1") == 0 ? 1 : 0;
-}
+// off, unset automatic (on where the kernels take the operands).
+int EnvironmentSetting() { return EnvironmentLevel("TRAINERD_HOPPER_ATTENTION", 1); }
 
 std::atomic<int>& Setting() {
   static std::atomic<int> on{EnvironmentSetting()};
@@ -140,7 +133,7 @@ void ResetHopperAttention() { Setting().store(EnvironmentSetting()); }
 
 bool HopperAttentionEnabled() { return Setting().load(std::memory_order_relaxed) != 0; }
 
-bool HopperAttentionIsAutomatic() { return Setting().load(std::memory_order_relaxed) == kAuto; }
+bool HopperAttentionIsAutomatic() { return Setting().load(std::memory_order_relaxed) == kAutomaticLevel; }
 
 bool HopperAttentionFits(const torch::Device& device, torch::ScalarType dtype, int64_t head_dim) {
 #ifdef TRAINERD_WITH_HOPPER_KERNELS
