@@ -8,7 +8,10 @@
 // pass's joules; a plain product on it spends the same joules as cuBLAS's at
 // the card's power cap, so the others stay cuBLAS's
 // (bench/speed/NOTES.md, "The GEMMs at the power cap" and "The epilogue under
-// the main loop"). bench/gemm/hopper_gemm.cu checks it against cuBLAS and
+// the main loop"). At level 3 (opt-in) down's input gradient also takes
+// LoRA's products over its rows (HopperGemmOperands::lora_*), in a kernel of
+// its own, measured slower than level 2 so far ("LoRA's products in down's
+// backward"). bench/gemm/hopper_gemm.cu checks it against cuBLAS and
 // float64 and measures it.
 //
 // Torch-free: raw device pointers, element strides, a cudaStream_t passed as
