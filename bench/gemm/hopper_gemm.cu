@@ -13,6 +13,7 @@
 //   /tmp/hopper_gemm            # every check, then every timing
 //   /tmp/hopper_gemm check | time [NAME PART]   # one of them; timings of some cases
 //   /tmp/hopper_gemm energy [NAME PART]   # joules a launch at the power cap (NVML)
+//   /tmp/hopper_gemm waves   # time against the number of tiles (the last round's cost)
 // The kernel's compile-time knobs (-D; engine/kernels/hopper_gemm.cu) build
 // variants to time: HG_BACKWARD_TMA, HG_BACKWARD_UNITS (SwiGLU's backward
 // epilogue), HG_STAGES, HG_GROUP, HG_FAST_SILU.
@@ -610,6 +611,15 @@ int main(int argc, char** argv) {
       } else {
         Time(c);
       }
+    }
+  }
+  if (what == "waves") {
+    // The last round's cost: q|k|v's product (8192 x N x 4128) at N of 20-26
+    // column tiles, 1,280-1,664 tiles of 128 x 256 on 132 SMs (9.7-12.6
+    // rounds of one tile a block). Time in steps of whole rounds: a part-filled
+    // last round costs a whole one (bench/speed/NOTES.md, "The last round").
+    for (int tiles_n = 20; tiles_n <= 26; ++tiles_n) {
+      Time(Case{"waves", kPlain, false, 8192, 256 * tiles_n, 4128});
     }
   }
   std::printf("%s\n", ok ? "all checks passed" : "SOME CHECKS FAILED");
