@@ -616,8 +616,9 @@ int main(int argc, char** argv) {
   if (what == "waves") {
     // The last round's cost: q|k|v's product (8192 x N x 4128) at N of 20-26
     // column tiles, 1,280-1,664 tiles of 128 x 256 on 132 SMs (9.7-12.6
-    // rounds of one tile a block). Time in steps of whole rounds: a part-filled
-    // last round costs a whole one (bench/speed/NOTES.md, "The last round").
+    // rounds of one tile a block). Measured on an H100: time in steps of whole
+    // rounds, a part-filled last round costing a whole one (bench/speed/
+    // NOTES.md, "The last round of tiles, and the last k-slice").
     for (int tiles_n = 20; tiles_n <= 26; ++tiles_n) {
       Time(Case{"waves", kPlain, false, 8192, 256 * tiles_n, 4128});
     }
