@@ -413,7 +413,8 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
       grad_x = torch::Tensor();
       // Where the GEMM did not take gate|up's B gradients: products over
       // dgate and dup here (what gate|up's node would run; its buffer filled
-      // either way).
+      // either way). The buffer holds float32 sums and the products are in
+      // the model's dtype, so copy_ casts (mm_out writes its inputs' dtype).
       if (handoff && !handoff_filled && grad_gate.defined() && grad_up.defined()) {
         const int64_t rank_gate = handoff_ranks[0], rank_up = handoff_ranks[1];
         const torch::Tensor gate_rows = grad_gate.reshape({n, -1}), up_rows = grad_up.reshape({n, -1});
