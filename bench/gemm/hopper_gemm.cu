@@ -553,6 +553,11 @@ int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   const std::string what = argc > 1 ? argv[1] : "all";
   const std::string only = argc > 2 ? argv[2] : "";  // time or energy: the case of this name, else those holding it
+  if (what != "all" && what != "check" && what != "time" && what != "energy" && what != "waves") {
+    std::fprintf(stderr, "unknown mode '%s': use all (the default), check, time [NAME PART], energy [NAME PART] or "
+                 "waves\n", what.c_str());
+    return 2;
+  }
   cudaDeviceProp prop;
   CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   std::printf("%s, %d SMs, sm_%d%d; kernel: %s\n", prop.name, prop.multiProcessorCount, prop.major, prop.minor,
