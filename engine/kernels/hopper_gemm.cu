@@ -42,6 +42,14 @@
 // 3.56 ms, 152 2.88, 168 2.71 for down's input gradient at the 8b shape.
 #define HG_LORA_REGISTERS 152
 #endif
+#ifndef HG_LORA_TMA
+// SwiGLU's backward with LoRA's sums: 1 gate and up come by TMA into the
+// staging area chunk by chunk, dgate, dup and h are made in place there and
+// in the hand-over buffer, and dgate and dup leave by TMA (the epilogue warps
+// hold no loads in flight); 0 the epilogue warps load gate and up and store
+// dgate and dup themselves, HG_LORA_UNITS units a thread in flight.
+#define HG_LORA_TMA 1
+#endif
 #ifndef HG_LORA_PREFETCH
 // SwiGLU's backward with LoRA's sums: 1 the producer asks L2 for a tile's
 // gate and up a main loop ahead (as HG_BACKWARD_PREFETCH); 0 not (measured
@@ -371,6 +379,23 @@ __device__ __forceinline__ void ChunkSums(const uint32_t (&first)[4][4], const _
   }
 }
 
+// The LoRA sum that epilogue warp e (0-2) adds (GemmMaps's lora_*): 0
+// t_gate^T dgate into the B sums' first rank_gate rows, 1 t_up^T dup into
+// the next rank_up, 2 u^T h into the A sums; rank 0 when it is not asked.
+struct LoraSum {
+  const __nv_bfloat16* thin;  // the thin operand's first column (rows thin_stride apart)
+  int64_t thin_stride;
+  float* sums;  // the sum's first row (rows n floats apart)
+  int rank;
+};
+__device__ __forceinline__ LoraSum LoraSumOfWarp(const GemmMaps& maps, int e) {
+  const int64_t b_row = e == 1 ? static_cast<int64_t>(maps.rank_gate) * maps.n : 0;
+  float* sums = e == 2 ? maps.lora_a_sums : maps.lora_b_sums == nullptr ? nullptr : maps.lora_b_sums + b_row;
+  return {e == 2 ? maps.lora_u : maps.lora_t + (e == 1 ? maps.rank_gate : 0),
+          e == 2 ? maps.lora_u_stride : maps.lora_t_stride, sums,
+          sums == nullptr ? 0 : e == 0 ? maps.rank_gate : e == 1 ? maps.rank_up : maps.rank_h};
+}
+
 // kLoraSums: SwiGLU's backward with LoRA's sums (a kernel of its own: their
 // code in the epilogue warps' part costs the plain backward's epilogue its
 // registers, measured 1.8 times slower with it in one kernel).
@@ -449,10 +474,10 @@ __global__ void __launch_bounds__(kThreads, 1) GemmKernel(const __grid_constant_
       for (int t = blockIdx.x; t < tiles; t += gridDim.x, ++n) {
         const TileCoordinates tile = Tile(t, maps.tiles_m, maps.tiles_n);
         const int row = tile.m * kBlockM;
-#if HG_BACKWARD_TMA
-        // SwiGLU's backward: gate's and up's first chunk do not wait for dh.
-        if (kBackward && w == 0) load_staged(row, tile.n * kBlockN);
-#endif
+        // SwiGLU's backward by TMA: gate's and up's first chunk do not wait for dh.
+        if (kBackward && (HG_BACKWARD_TMA || (kLoraSums && HG_LORA_TMA)) && w == 0) {
+          load_staged(row, tile.n * kBlockN);
+        }
         BarrierWait(ready, n & 1);
         if (kRope && tile.n * kBlockN < maps.rotate_columns) {
           // The tile's heads p = 0, 1 (128 columns each) are column blocks
@@ -528,6 +553,57 @@ __global__ void __launch_bounds__(kThreads, 1) GemmKernel(const __grid_constant_
           continue;
         }
 #else
+        if (kBackward && kLoraSums && HG_LORA_TMA) {
+          // With LoRA's sums, by TMA, chunk by chunk (64 rows x 64 columns
+          // of dh; one swizzle, so a 16-byte unit sits at the same offset in
+          // the chunk of dh and the staging area's two): gate and up loaded
+          // into the staging area, dgate written over dh, dup over gate, h
+          // over up; dgate and dup stored by TMA while warp e adds its sum
+          // over the chunk's rows (ChunkSums): e = 0 t_gate^T dgate, 1
+          // t_up^T dup, 2 u^T h. Outside the product dh is zero and TMA's
+          // loads read zeros, so dgate, dup and h are zeros there, as the
+          // sums need.
+          const int e = w / 32;
+          const LoraSum sum = LoraSumOfWarp(maps, e);
+          const uint8_t* operand = staging + (e == 1 ? 0 : kChunkBytes);  // dup's or h's (dgate's: the chunk)
+#pragma unroll 1
+          for (int chunk_index = 0; chunk_index < 8; ++chunk_index, ++staged_count) {
+            const int c = chunk_index / 2, half = chunk_index % 2;
+            const int row0 = row + half * 64, col0 = tile.n * kBlockN + c * kChunk;
+            uint8_t* dgate_chunk = chunk(c, half);
+            if (w == 0 && chunk_index > 0) load_staged(row0, col0);
+            // This warp's thin operand's first fragments, loaded while the chunk comes.
+            uint32_t first[4][4];
+            if (sum.rank > 0) ThinFragments(first, sum.thin, sum.thin_stride, sum.rank, maps.m, row0, 0, w % 32);
+            BarrierWait(staged, staged_count & 1);
+            for (int q = w; q < kChunkBytes / 16; q += 96) {
+              uint4* dh = reinterpret_cast<uint4*>(dgate_chunk) + q;
+              uint4* g = reinterpret_cast<uint4*>(staging) + q;
+              uint4* u = reinterpret_cast<uint4*>(staging + kChunkBytes) + q;
+              const uint4 gate = *g, up = *u;
+              uint4 dg, du;
+              SwiGluBackward8(*dh, gate, up, dg, du);
+              *dh = dg;
+              *g = du;
+              *u = SwiGlu8(gate, up);
+            }
+            FenceAsyncShared();
+            NamedBarrier(3, 96);
+            if (w == 0) {
+              TmaStoreUncommitted(&maps.d, dgate_chunk, col0, row0);
+              TmaStoreUncommitted(&maps.d_up, staging, col0, row0);
+              TmaStoreCommit();
+            }
+            if (sum.rank > 0) {
+              ChunkSums(first, sum.thin, sum.thin_stride, sum.rank, sum.sums, maps.n, maps.m,
+                        e == 0 ? dgate_chunk : operand, row0, col0, w % 32);
+            }
+            if (w == 0) TmaStoreWaitRead<0>();
+            NamedBarrier(3, 96);  // the staging area and the chunk read before the next chunk's loads
+          }
+          BarrierArrive(released);
+          continue;
+        }
         if (kBackward && kLoraSums) {
           // With LoRA's sums, chunk by chunk (64 rows x 64 columns of dh):
           // dgate, dup and h made and dgate, dup stored, as below, and kept
@@ -546,13 +622,9 @@ __global__ void __launch_bounds__(kThreads, 1) GemmKernel(const __grid_constant_
               // This warp's product (e = w / 32) and its thin operand's first
               // fragments, loaded ahead of the chunk's units.
               const int e = w / 32;
-              const __nv_bfloat16* thin = e == 2 ? maps.lora_u : maps.lora_t + (e == 1 ? maps.rank_gate : 0);
-              const int64_t thin_stride = e == 2 ? maps.lora_u_stride : maps.lora_t_stride;
-              const int64_t b_row = e == 1 ? static_cast<int64_t>(maps.rank_gate) * maps.n : 0;
-              float* sums = e == 2 ? maps.lora_a_sums : maps.lora_b_sums == nullptr ? nullptr : maps.lora_b_sums + b_row;
-              const int rank = sums == nullptr ? 0 : e == 0 ? maps.rank_gate : e == 1 ? maps.rank_up : maps.rank_h;
+              const LoraSum sum = LoraSumOfWarp(maps, e);
               uint32_t first[4][4];
-              if (rank > 0) ThinFragments(first, thin, thin_stride, rank, maps.m, row0, 0, w % 32);
+              if (sum.rank > 0) ThinFragments(first, sum.thin, sum.thin_stride, sum.rank, maps.m, row0, 0, w % 32);
 #pragma unroll 1
               for (int q = w; q < kChunkUnits; q += kInFlight * 96) {
                 int offsets[kInFlight], rows[kInFlight], cols[kInFlight];
@@ -593,9 +665,10 @@ __global__ void __launch_bounds__(kThreads, 1) GemmKernel(const __grid_constant_
                 }
               }
               NamedBarrier(3, 96);
-              if (rank > 0) {
+              if (sum.rank > 0) {
                 const uint8_t* operand = e == 0 ? dgate_chunk : staging + (e == 1 ? 0 : kChunkBytes);
-                ChunkSums(first, thin, thin_stride, rank, sums, maps.n, maps.m, operand, row0, col0, w % 32);
+                ChunkSums(first, sum.thin, sum.thin_stride, sum.rank, sum.sums, maps.n, maps.m, operand, row0, col0,
+                          w % 32);
               }
               NamedBarrier(3, 96);  // the chunks read before the next chunk's writes
             }
@@ -778,7 +851,10 @@ std::string Launch(const GemmMaps& maps, int grid, cudaStream_t stream) {
 
 std::string HopperGemmBuild() {
   const std::string backward = (HG_BACKWARD_TMA ? "by TMA" : std::to_string(HG_BACKWARD_UNITS) + " units in flight") +
-                               std::string(HG_BACKWARD_PREFETCH ? ", gate and up prefetched to L2" : "");
+                               std::string(HG_BACKWARD_PREFETCH ? ", gate and up prefetched to L2" : "") +
+                               "; with LoRA's sums " +
+                               (HG_LORA_TMA ? std::string("by TMA") : std::to_string(HG_LORA_UNITS) + " units") +
+                               ", " + std::to_string(HG_LORA_REGISTERS) + " registers";
   return "cooperative 128 x 256, epilogue by the producer's warps (SwiGLU's backward " + backward + ")" +
          ", stages " + std::to_string(kStages) + ", group " + std::to_string(HG_GROUP) + ", fast silu " +
          std::to_string(HG_FAST_SILU) + ", " + std::to_string(SmemBytes<HopperEpilogue::kPlain, false>()) +
