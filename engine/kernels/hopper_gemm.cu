@@ -50,6 +50,13 @@
 // dgate and dup themselves, HG_LORA_UNITS units a thread in flight.
 #define HG_LORA_TMA 1
 #endif
+#ifndef HG_LORA_ACROSS
+// SwiGLU's backward with LoRA's sums by TMA: 1 each 64-column block's sums
+// over the tile's two 64-row halves are added in registers and reduced into
+// memory once (half the reductions, 32 more registers held); 0 a chunk's
+// sums are reduced when made.
+#define HG_LORA_ACROSS 0
+#endif
 #ifndef HG_LORA_PREFETCH
 // SwiGLU's backward with LoRA's sums: 1 the producer asks L2 for a tile's
 // gate and up a main loop ahead (as HG_BACKWARD_PREFETCH); 0 not (measured
@@ -328,15 +335,21 @@ __device__ __forceinline__ void ThinFragments(uint32_t (&a_all)[4][4], const __n
 }
 
 // first: rank block 0's fragments (ThinFragments), loaded by the caller
-// ahead of the chunk's other work.
+// ahead of the chunk's other work. carry: rank block 0's sums over an
+// earlier chunk of the same columns (its mma.sync accumulator), added in
+// when add_carry; with keep_carry this chunk's rank block 0 is left there
+// (its reductions left to a later chunk) instead of added to memory.
 __device__ __forceinline__ void ChunkSums(const uint32_t (&first)[4][4], const __nv_bfloat16* t, int64_t t_stride,
                                           int rank, float* sums, int n, int rows, const uint8_t* chunk, int row0,
-                                          int col0, int lane) {
+                                          int col0, int lane, float (&carry)[8][4], bool add_carry, bool keep_carry) {
   const int g = lane / 4, pair = 2 * (lane % 4);
   for (int mb = 0; mb < rank; mb += 16) {
     float acc[8][4];
 #pragma unroll
-    for (int j = 0; j < 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+    for (int j = 0; j < 8; ++j) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[j][i] = mb == 0 && add_carry ? carry[j][i] : 0.f;
+    }
     uint32_t a_all[4][4];
     if (mb == 0) {
 #pragma unroll
@@ -367,6 +380,14 @@ __device__ __forceinline__ void ChunkSums(const uint32_t (&first)[4][4], const _
         Mma16816(acc[2 * j], a, b0, b1);
         Mma16816(acc[2 * j + 1], a, b2, b3);
       }
+    }
+    if (mb == 0 && keep_carry) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) carry[j][i] = acc[j][i];
+      }
+      continue;
     }
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
@@ -566,6 +587,7 @@ __global__ void __launch_bounds__(kThreads, 1) GemmKernel(const __grid_constant_
           const int e = w / 32;
           const LoraSum sum = LoraSumOfWarp(maps, e);
           const uint8_t* operand = staging + (e == 1 ? 0 : kChunkBytes);  // dup's or h's (dgate's: the chunk)
+          float carry[8][4];  // rank block 0's sums over the column block's first half (HG_LORA_ACROSS)
 #pragma unroll 1
           for (int chunk_index = 0; chunk_index < 8; ++chunk_index, ++staged_count) {
             const int c = chunk_index / 2, half = chunk_index % 2;
@@ -576,6 +598,7 @@ __global__ void __launch_bounds__(kThreads, 1) GemmKernel(const __grid_constant_
             uint32_t first[4][4];
             if (sum.rank > 0) ThinFragments(first, sum.thin, sum.thin_stride, sum.rank, maps.m, row0, 0, w % 32);
             BarrierWait(staged, staged_count & 1);
+#pragma unroll 1
             for (int q = w; q < kChunkBytes / 16; q += 96) {
               uint4* dh = reinterpret_cast<uint4*>(dgate_chunk) + q;
               uint4* g = reinterpret_cast<uint4*>(staging) + q;
@@ -595,8 +618,11 @@ __global__ void __launch_bounds__(kThreads, 1) GemmKernel(const __grid_constant_
               TmaStoreCommit();
             }
             if (sum.rank > 0) {
+              // HG_LORA_ACROSS: a column block's two row halves (chunks 2 c
+              // and 2 c + 1) summed in registers, reduced into memory once.
               ChunkSums(first, sum.thin, sum.thin_stride, sum.rank, sum.sums, maps.n, maps.m,
-                        e == 0 ? dgate_chunk : operand, row0, col0, w % 32);
+                        e == 0 ? dgate_chunk : operand, row0, col0, w % 32, carry, HG_LORA_ACROSS && half == 1,
+                        HG_LORA_ACROSS && half == 0);
             }
             if (w == 0) TmaStoreWaitRead<0>();
             NamedBarrier(3, 96);  // the staging area and the chunk read before the next chunk's loads
@@ -667,8 +693,9 @@ __global__ void __launch_bounds__(kThreads, 1) GemmKernel(const __grid_constant_
               NamedBarrier(3, 96);
               if (sum.rank > 0) {
                 const uint8_t* operand = e == 0 ? dgate_chunk : staging + (e == 1 ? 0 : kChunkBytes);
+                float no_carry[8][4];
                 ChunkSums(first, sum.thin, sum.thin_stride, sum.rank, sum.sums, maps.n, maps.m, operand, row0, col0,
-                          w % 32);
+                          w % 32, no_carry, false, false);
               }
               NamedBarrier(3, 96);  // the chunks read before the next chunk's writes
             }
@@ -853,7 +880,8 @@ std::string HopperGemmBuild() {
   const std::string backward = (HG_BACKWARD_TMA ? "by TMA" : std::to_string(HG_BACKWARD_UNITS) + " units in flight") +
                                std::string(HG_BACKWARD_PREFETCH ? ", gate and up prefetched to L2" : "") +
                                "; with LoRA's sums " +
-                               (HG_LORA_TMA ? std::string("by TMA") : std::to_string(HG_LORA_UNITS) + " units") +
+                               (HG_LORA_TMA ? std::string(HG_LORA_ACROSS ? "by TMA, halves summed in registers" : "by TMA")
+                                            : std::to_string(HG_LORA_UNITS) + " units") +
                                ", " + std::to_string(HG_LORA_REGISTERS) + " registers";
   return "cooperative 128 x 256, epilogue by the producer's warps (SwiGLU's backward " + backward + ")" +
          ", stages " + std::to_string(kStages) + ", group " + std::to_string(HG_GROUP) + ", fast silu " +
