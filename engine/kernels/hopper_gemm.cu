@@ -29,39 +29,12 @@
 #ifndef HG_BACKWARD_UNITS
 #define HG_BACKWARD_UNITS 4
 #endif
-#ifndef HG_LORA_UNITS
-// SwiGLU's backward with LoRA's sums: 16-byte units a thread in flight (2
-// and 4 measured the same). ptxas spills 200-500 bytes of the epilogue warps'
-// registers in that kernel, whatever these settings.
-#define HG_LORA_UNITS 2
-#endif
 #ifndef HG_LORA_REGISTERS
 // SwiGLU's backward with LoRA's sums: the producer warpgroup's registers a
 // thread (the epilogue warps'), the consumers' what is left (176 at 152).
-// Measured on an H100 (NOTES.md, "LoRA's products in down's backward"): 112
-// 3.56 ms, 152 2.88, 168 2.71 for down's input gradient at the 8b shape.
+// ptxas spills 4 bytes of the epilogue warps' at 152 and 150-290 at 136-120;
+// at 168 the consumers' (then 168) spill.
 #define HG_LORA_REGISTERS 152
-#endif
-#ifndef HG_LORA_TMA
-// SwiGLU's backward with LoRA's sums: 1 gate and up come by TMA into the
-// staging area chunk by chunk, dgate, dup and h are made in place there and
-// in the hand-over buffer, and dgate and dup leave by TMA (the epilogue warps
-// hold no loads in flight); 0 the epilogue warps load gate and up and store
-// dgate and dup themselves, HG_LORA_UNITS units a thread in flight.
-#define HG_LORA_TMA 1
-#endif
-#ifndef HG_LORA_ACROSS
-// SwiGLU's backward with LoRA's sums by TMA: 1 each 64-column block's sums
-// over the tile's two 64-row halves are added in registers and reduced into
-// memory once (half the reductions, 32 more registers held); 0 a chunk's
-// sums are reduced when made.
-#define HG_LORA_ACROSS 0
-#endif
-#ifndef HG_LORA_PREFETCH
-// SwiGLU's backward with LoRA's sums: 1 the producer asks L2 for a tile's
-// gate and up a main loop ahead (as HG_BACKWARD_PREFETCH); 0 not (measured
-// the same: 2.89 against 2.80 ms).
-#define HG_LORA_PREFETCH 0
 #endif
 #ifndef HG_BACKWARD_PREFETCH
 // SwiGLU's backward: 1 the producer asks L2 for a tile's gate and up when
@@ -101,8 +74,8 @@ constexpr int kChunkBytes = kChunk * kChunk * 2;  // 8 KB
 // The hand-over buffer: the whole tile, column block c (64 columns) of
 // consumer w's rows at chunk 2 c + w.
 constexpr int kHandOverBytes = 8 * kChunkBytes;  // 64 KB
-// SwiGLU's backward's staging area, two chunks: by TMA, gate's and up's;
-// else, with LoRA's sums, dup's and h's.
+// SwiGLU's backward's staging area, two chunks: gate's and up's, by TMA
+// (with LoRA's sums, dup and h made over them).
 constexpr int kStagingBytes = 2 * kChunkBytes;
 // Whether a kernel has the staging area: SwiGLU's backward by TMA, or with
 // LoRA's sums.
@@ -335,21 +308,15 @@ __device__ __forceinline__ void ThinFragments(uint32_t (&a_all)[4][4], const __n
 }
 
 // first: rank block 0's fragments (ThinFragments), loaded by the caller
-// ahead of the chunk's other work. carry: rank block 0's sums over an
-// earlier chunk of the same columns (its mma.sync accumulator), added in
-// when add_carry; with keep_carry this chunk's rank block 0 is left there
-// (its reductions left to a later chunk) instead of added to memory.
+// ahead of the chunk's other work.
 __device__ __forceinline__ void ChunkSums(const uint32_t (&first)[4][4], const __nv_bfloat16* t, int64_t t_stride,
                                           int rank, float* sums, int n, int rows, const uint8_t* chunk, int row0,
-                                          int col0, int lane, float (&carry)[8][4], bool add_carry, bool keep_carry) {
+                                          int col0, int lane) {
   const int g = lane / 4, pair = 2 * (lane % 4);
   for (int mb = 0; mb < rank; mb += 16) {
     float acc[8][4];
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[j][i] = mb == 0 && add_carry ? carry[j][i] : 0.f;
-    }
+    for (int j = 0; j < 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
     uint32_t a_all[4][4];
     if (mb == 0) {
 #pragma unroll
@@ -380,14 +347,6 @@ __device__ __forceinline__ void ChunkSums(const uint32_t (&first)[4][4], const _
         Mma16816(acc[2 * j], a, b0, b1);
         Mma16816(acc[2 * j + 1], a, b2, b3);
       }
-    }
-    if (mb == 0 && keep_carry) {
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) carry[j][i] = acc[j][i];
-      }
-      continue;
     }
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
@@ -450,7 +409,7 @@ __global__ void __launch_bounds__(kThreads, 1) GemmKernel(const __grid_constant_
   uint8_t* a_smem = smem;
   uint8_t* b_smem = a_smem + kStages * kABytes;
   uint8_t* chunk_smem = b_smem + kStages * kBBytes;  // the hand-over buffer
-  // SwiGLU's backward: [gate chunk | up chunk] by TMA, else [dup chunk | h chunk] with LoRA's sums.
+  // SwiGLU's backward by TMA or with LoRA's sums: [gate chunk | up chunk] (with the sums, then [dup | h]).
   uint8_t* staging = chunk_smem + kHandOverBytes;
   uint64_t* full = reinterpret_cast<uint64_t*>(staging + (Stages<kEpilogue, kLoraSums>() ? kStagingBytes : 0));
   uint64_t* empty = full + kStages;
@@ -485,7 +444,7 @@ __global__ void __launch_bounds__(kThreads, 1) GemmKernel(const __grid_constant_
       if (kEpilogue == HopperEpilogue::kPlain && w != 0) return;  // the rotary's warps all work
       auto chunk = [&](int c, int half) { return chunk_smem + (2 * c + half) * kChunkBytes; };
       int n = 0;
-      [[maybe_unused]] int staged_count = 0;  // chunks staged so far (SwiGLU's backward by TMA)
+      [[maybe_unused]] int staged_count = 0;  // chunks staged so far (SwiGLU's backward by TMA, LoRA's sums)
       // SwiGLU's backward by TMA: gate's and up's 64 x 64 chunk at (row, col) into the staging area.
       [[maybe_unused]] auto load_staged = [&](int row_c, int col) {
         BarrierExpectBytes(staged, 2 * kChunkBytes);
@@ -496,7 +455,7 @@ __global__ void __launch_bounds__(kThreads, 1) GemmKernel(const __grid_constant_
         const TileCoordinates tile = Tile(t, maps.tiles_m, maps.tiles_n);
         const int row = tile.m * kBlockM;
         // SwiGLU's backward by TMA: gate's and up's first chunk do not wait for dh.
-        if (kBackward && (HG_BACKWARD_TMA || (kLoraSums && HG_LORA_TMA)) && w == 0) {
+        if (kBackward && (HG_BACKWARD_TMA || kLoraSums) && w == 0) {
           load_staged(row, tile.n * kBlockN);
         }
         BarrierWait(ready, n & 1);
@@ -574,7 +533,7 @@ __global__ void __launch_bounds__(kThreads, 1) GemmKernel(const __grid_constant_
           continue;
         }
 #else
-        if (kBackward && kLoraSums && HG_LORA_TMA) {
+        if (kBackward && kLoraSums) {
           // With LoRA's sums, by TMA, chunk by chunk (64 rows x 64 columns
           // of dh; one swizzle, so a 16-byte unit sits at the same offset in
           // the chunk of dh and the staging area's two): gate and up loaded
@@ -587,7 +546,6 @@ __global__ void __launch_bounds__(kThreads, 1) GemmKernel(const __grid_constant_
           const int e = w / 32;
           const LoraSum sum = LoraSumOfWarp(maps, e);
           const uint8_t* operand = staging + (e == 1 ? 0 : kChunkBytes);  // dup's or h's (dgate's: the chunk)
-          float carry[8][4];  // rank block 0's sums over the column block's first half (HG_LORA_ACROSS)
 #pragma unroll 1
           for (int chunk_index = 0; chunk_index < 8; ++chunk_index, ++staged_count) {
             const int c = chunk_index / 2, half = chunk_index % 2;
@@ -618,87 +576,11 @@ __global__ void __launch_bounds__(kThreads, 1) GemmKernel(const __grid_constant_
               TmaStoreCommit();
             }
             if (sum.rank > 0) {
-              // HG_LORA_ACROSS: a column block's two row halves (chunks 2 c
-              // and 2 c + 1) summed in registers, reduced into memory once.
               ChunkSums(first, sum.thin, sum.thin_stride, sum.rank, sum.sums, maps.n, maps.m,
-                        e == 0 ? dgate_chunk : operand, row0, col0, w % 32, carry, HG_LORA_ACROSS && half == 1,
-                        HG_LORA_ACROSS && half == 0);
+                        e == 0 ? dgate_chunk : operand, row0, col0, w % 32);
             }
             if (w == 0) TmaStoreWaitRead<0>();
             NamedBarrier(3, 96);  // the staging area and the chunk read before the next chunk's loads
-          }
-          BarrierArrive(released);
-          continue;
-        }
-        if (kBackward && kLoraSums) {
-          // With LoRA's sums, chunk by chunk (64 rows x 64 columns of dh):
-          // dgate, dup and h made and dgate, dup stored, as below, and kept
-          // in shared memory (dgate over the chunk's dh, dup and h in the
-          // staging area; zeros outside the product); then warp e adds its
-          // sum over the chunk's rows (ChunkSums): e = 0 t_gate^T dgate, 1
-          // t_up^T dup, 2 u^T h.
-          constexpr int kInFlight = HG_LORA_UNITS;
-          constexpr int kChunkUnits = kChunkBytes / 16;
-#pragma unroll 1
-          for (int chunk_index = 0; chunk_index < 8; ++chunk_index) {
-            const int c = chunk_index / 2, half = chunk_index % 2;
-            {
-              uint8_t* dgate_chunk = chunk(c, half);
-              const int row0 = row + half * 64, col0 = tile.n * kBlockN + c * kChunk;
-              // This warp's product (e = w / 32) and its thin operand's first
-              // fragments, loaded ahead of the chunk's units.
-              const int e = w / 32;
-              const LoraSum sum = LoraSumOfWarp(maps, e);
-              uint32_t first[4][4];
-              if (sum.rank > 0) ThinFragments(first, sum.thin, sum.thin_stride, sum.rank, maps.m, row0, 0, w % 32);
-#pragma unroll 1
-              for (int q = w; q < kChunkUnits; q += kInFlight * 96) {
-                int offsets[kInFlight], rows[kInFlight], cols[kInFlight];
-                uint4 dh[kInFlight], g[kInFlight], u[kInFlight];
-                bool in[kInFlight];
-#pragma unroll
-                for (int i = 0; i < kInFlight; ++i) {
-                  in[i] = false;
-                  offsets[i] = -1;
-                  const int unit = q + i * 96;
-                  if (unit >= kChunkUnits) continue;
-                  const int r = unit / 8, un = unit % 8;
-                  offsets[i] = r * 128 + ((un ^ (r % 8)) * 16);
-                  rows[i] = row0 + r;
-                  cols[i] = col0 + un * 8;
-                  in[i] = rows[i] < maps.m && cols[i] < maps.n;
-                  if (in[i]) {
-                    dh[i] = *reinterpret_cast<const uint4*>(dgate_chunk + offsets[i]);
-                    const __nv_bfloat16* p = maps.gate_up + rows[i] * maps.gate_up_stride + cols[i];
-                    g[i] = __ldg(reinterpret_cast<const uint4*>(p));
-                    u[i] = __ldg(reinterpret_cast<const uint4*>(p + maps.n));
-                  }
-                }
-#pragma unroll
-                for (int i = 0; i < kInFlight; ++i) {
-                  if (offsets[i] < 0) continue;
-                  uint4 dg = make_uint4(0, 0, 0, 0), du = dg, h = dg;
-                  if (in[i]) {
-                    SwiGluBackward8(dh[i], g[i], u[i], dg, du);
-                    h = SwiGlu8(g[i], u[i]);
-                    __nv_bfloat16* p = maps.grad + rows[i] * maps.grad_stride + cols[i];
-                    *reinterpret_cast<uint4*>(p) = dg;
-                    *reinterpret_cast<uint4*>(p + maps.n) = du;
-                  }
-                  *reinterpret_cast<uint4*>(dgate_chunk + offsets[i]) = dg;
-                  *reinterpret_cast<uint4*>(staging + offsets[i]) = du;
-                  *reinterpret_cast<uint4*>(staging + kChunkBytes + offsets[i]) = h;
-                }
-              }
-              NamedBarrier(3, 96);
-              if (sum.rank > 0) {
-                const uint8_t* operand = e == 0 ? dgate_chunk : staging + (e == 1 ? 0 : kChunkBytes);
-                float no_carry[8][4];
-                ChunkSums(first, sum.thin, sum.thin_stride, sum.rank, sum.sums, maps.n, maps.m, operand, row0, col0,
-                          w % 32, no_carry, false, false);
-              }
-              NamedBarrier(3, 96);  // the chunks read before the next chunk's writes
-            }
           }
           BarrierArrive(released);
           continue;
@@ -786,7 +668,7 @@ __global__ void __launch_bounds__(kThreads, 1) GemmKernel(const __grid_constant_
     int it = 0;
     for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
       const TileCoordinates tile = Tile(t, maps.tiles_m, maps.tiles_n);
-      if (kBackward && (HG_BACKWARD_PREFETCH || (kLoraSums && HG_LORA_PREFETCH))) {
+      if (kBackward && HG_BACKWARD_PREFETCH) {
         // The tile's gate and up (64 x 64 boxes), for its epilogue.
         for (int c = 0; c < 4; ++c) {
           for (int half = 0; half < 2; ++half) {
@@ -879,10 +761,7 @@ std::string Launch(const GemmMaps& maps, int grid, cudaStream_t stream) {
 std::string HopperGemmBuild() {
   const std::string backward = (HG_BACKWARD_TMA ? "by TMA" : std::to_string(HG_BACKWARD_UNITS) + " units in flight") +
                                std::string(HG_BACKWARD_PREFETCH ? ", gate and up prefetched to L2" : "") +
-                               "; with LoRA's sums " +
-                               (HG_LORA_TMA ? std::string(HG_LORA_ACROSS ? "by TMA, halves summed in registers" : "by TMA")
-                                            : std::to_string(HG_LORA_UNITS) + " units") +
-                               ", " + std::to_string(HG_LORA_REGISTERS) + " registers";
+                               "; with LoRA's sums by TMA, " + std::to_string(HG_LORA_REGISTERS) + " registers";
   return "cooperative 128 x 256, epilogue by the producer's warps (SwiGLU's backward " + backward + ")" +
          ", stages " + std::to_string(kStages) + ", group " + std::to_string(HG_GROUP) + ", fast silu " +
          std::to_string(HG_FAST_SILU) + ", " + std::to_string(SmemBytes<HopperEpilogue::kPlain, false>()) +
