@@ -80,8 +80,9 @@ torch::Tensor DownInputGradientWithSwiGlu(const torch::Tensor& x, const torch::T
 // bf16 on a Hopper GPU and 0 elsewhere (measured faster on the 8b row:
 // bench/speed/NOTES.md, "The epilogues in the step"). Level 3 is opt-in: it
 // saves the 8b row 6.9 GiB (h kept by no layer) but its epilogue makes down's
-// input gradient 2.5 times slower, the step 14% ("LoRA's products in down's
-// backward").
+// input gradient 1.55 times slower (2.31 against 1.50 ms on an H100, where
+// the two thin products it saves take about 0.25; "Level 3's epilogue by
+// TMA": the sums' mma.sync wait on the consumers' tensor cores).
 void SetSwiGluGemm(int level);
 int SwiGluGemmLevel(const torch::Device& device, torch::ScalarType dtype);
 

@@ -11,8 +11,8 @@
 // the main loop"). At level 3 (opt-in) down's input gradient also takes
 // LoRA's products over its rows (HopperGemmOperands::lora_*), in a kernel of
 // its own, measured slower than level 2 so far ("LoRA's products in down's
-// backward"). bench/gemm/hopper_gemm.cu checks it against cuBLAS and
-// float64 and measures it.
+// backward", "Level 3's epilogue by TMA"). bench/gemm/hopper_gemm.cu checks
+// it against cuBLAS and float64 and measures it.
 //
 // Torch-free: raw device pointers, element strides, a cudaStream_t passed as
 // `void*`. Built for sm_90a only (a library of its own, engine/CMakeLists.txt).
