@@ -21,9 +21,9 @@
 // ping-pong 128 x 128 tiles a consumer.
 #ifndef HG_BACKWARD_TMA
 // SwiGLU's backward epilogue: 1 gate and up come by TMA into a 16 KB staging
-// area, 64 x 64 chunk by chunk, and dgate and dup leave by TMA from it; 0
-// the epilogue warps load and store them themselves, HG_BACKWARD_UNITS
-// 16-byte units a thread in flight.
+// area, 64 x 64 chunk by chunk, and dgate and dup leave by TMA (the loop that
+// level 3, with LoRA's sums, always runs); 0 the epilogue warps load and
+// store them themselves, HG_BACKWARD_UNITS 16-byte units a thread in flight.
 #define HG_BACKWARD_TMA 0
 #endif
 #ifndef HG_BACKWARD_UNITS
@@ -427,8 +427,8 @@ __global__ void __launch_bounds__(kThreads, 1) GemmKernel(const __grid_constant_
       BarrierInit(&empty[s], 2 * 4);  // one arrival per warp that reads the stage
     }
     BarrierInit(ready, 256);  // every consumer thread, after its own writes
-    // SwiGLU's backward without TMA: every epilogue thread, after its reads.
-    BarrierInit(released, kBackward && !HG_BACKWARD_TMA ? 96 : 1);
+    // SwiGLU's backward: every epilogue thread, after its reads.
+    BarrierInit(released, kBackward ? 96 : 1);
     BarrierInit(staged, 1);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -497,54 +497,20 @@ __global__ void __launch_bounds__(kThreads, 1) GemmKernel(const __grid_constant_
           BarrierArrive(released);
           continue;
         }
-#if HG_BACKWARD_TMA
-        if (kBackward) {
-          // Chunk by chunk (64 rows x 64 columns of dh; the staging area
-          // holds one of gate and one of up, in the buffer's swizzle, so a
-          // 16-byte unit sits at the same offset in all three): gate and up
-          // loaded, dgate and dup written over them, stored, and their reads
-          // waited for before the next chunk's loads.
-          for (int c = 0; c < 4; ++c) {
-            for (int half = 0; half < 2; ++half, ++staged_count) {
-              const int col = tile.n * kBlockN + c * kChunk, row_c = row + half * 64;
-              if (w == 0 && (c > 0 || half > 0)) load_staged(row_c, col);
-              BarrierWait(staged, staged_count & 1);
-              const uint8_t* dh = chunk(c, half);
-              for (int q = w; q < kChunkBytes / 16; q += 96) {
-                uint4* g = reinterpret_cast<uint4*>(staging) + q;
-                uint4* u = reinterpret_cast<uint4*>(staging + kChunkBytes) + q;
-                uint4 dg, du;
-                SwiGluBackward8(reinterpret_cast<const uint4*>(dh)[q], *g, *u, dg, du);
-                *g = dg;
-                *u = du;
-              }
-              FenceAsyncShared();
-              NamedBarrier(3, 96);
-              if (w == 0) {
-                TmaStoreUncommitted(&maps.d, staging, col, row_c);
-                TmaStoreUncommitted(&maps.d_up, staging + kChunkBytes, col, row_c);
-                TmaStoreCommit();
-                TmaStoreWaitRead<0>();
-              }
-              NamedBarrier(3, 96);
-            }
-          }
-          if (w == 0) BarrierArrive(released);
-          continue;
-        }
-#else
-        if (kBackward && kLoraSums) {
-          // With LoRA's sums, by TMA, chunk by chunk (64 rows x 64 columns
-          // of dh; one swizzle, so a 16-byte unit sits at the same offset in
-          // the chunk of dh and the staging area's two): gate and up loaded
-          // into the staging area, dgate written over dh, dup over gate, h
-          // over up; dgate and dup stored by TMA while warp e adds its sum
-          // over the chunk's rows (ChunkSums): e = 0 t_gate^T dgate, 1
-          // t_up^T dup, 2 u^T h. Outside the product dh is zero and TMA's
-          // loads read zeros, so dgate, dup and h are zeros there, as the
-          // sums need.
+        if (kBackward && (HG_BACKWARD_TMA || kLoraSums)) {
+          // SwiGLU's backward by TMA (that build, or with LoRA's sums),
+          // chunk by chunk (64 rows x 64 columns of dh; one swizzle, so a
+          // 16-byte unit sits at the same offset in the chunk of dh and the
+          // staging area's two): gate and up loaded into the staging area,
+          // dgate written over dh, dup over gate (with LoRA's sums, h over
+          // up); dgate and dup stored by TMA, and their reads waited for
+          // before the next chunk's loads. With LoRA's sums, warp e adds its
+          // sum over the chunk's rows while they are stored (ChunkSums): e =
+          // 0 t_gate^T dgate, 1 t_up^T dup, 2 u^T h. Outside the product dh
+          // is zero and TMA's loads read zeros, so dgate, dup and h are
+          // zeros there, as the sums need.
           const int e = w / 32;
-          const LoraSum sum = LoraSumOfWarp(maps, e);
+          [[maybe_unused]] const LoraSum sum = kLoraSums ? LoraSumOfWarp(maps, e) : LoraSum{};
           const uint8_t* operand = staging + (e == 1 ? 0 : kChunkBytes);  // dup's or h's (dgate's: the chunk)
 #pragma unroll 1
           for (int chunk_index = 0; chunk_index < 8; ++chunk_index, ++staged_count) {
@@ -554,7 +520,9 @@ __global__ void __launch_bounds__(kThreads, 1) GemmKernel(const __grid_constant_
             if (w == 0 && chunk_index > 0) load_staged(row0, col0);
             // This warp's thin operand's first fragments, loaded while the chunk comes.
             uint32_t first[4][4];
-            if (sum.rank > 0) ThinFragments(first, sum.thin, sum.thin_stride, sum.rank, maps.m, row0, 0, w % 32);
+            if (kLoraSums && sum.rank > 0) {
+              ThinFragments(first, sum.thin, sum.thin_stride, sum.rank, maps.m, row0, 0, w % 32);
+            }
             BarrierWait(staged, staged_count & 1);
 #pragma unroll 1
             for (int q = w; q < kChunkBytes / 16; q += 96) {
@@ -566,7 +534,7 @@ __global__ void __launch_bounds__(kThreads, 1) GemmKernel(const __grid_constant_
               SwiGluBackward8(*dh, gate, up, dg, du);
               *dh = dg;
               *g = du;
-              *u = SwiGlu8(gate, up);
+              if (kLoraSums) *u = SwiGlu8(gate, up);
             }
             FenceAsyncShared();
             NamedBarrier(3, 96);
@@ -575,7 +543,7 @@ __global__ void __launch_bounds__(kThreads, 1) GemmKernel(const __grid_constant_
               TmaStoreUncommitted(&maps.d_up, staging, col0, row0);
               TmaStoreCommit();
             }
-            if (sum.rank > 0) {
+            if (kLoraSums && sum.rank > 0) {
               ChunkSums(first, sum.thin, sum.thin_stride, sum.rank, sum.sums, maps.n, maps.m,
                         e == 0 ? dgate_chunk : operand, row0, col0, w % 32);
             }
@@ -627,7 +595,6 @@ __global__ void __launch_bounds__(kThreads, 1) GemmKernel(const __grid_constant_
           BarrierArrive(released);
           continue;
         }
-#endif
         // SwiGLU: column blocks 0, 1 gate's, 2, 3 up's. Gate and up stored,
         // h = silu(gate) * up written over gate's blocks (same swizzle, so
         // 16-byte unit q of up's half matches unit q of gate's), then stored.
@@ -788,8 +755,8 @@ std::string HopperGemm(const HopperGemmOperands& o, HopperEpilogue epilogue, voi
            "16-byte aligned";
   }
   const bool lora_b = o.lora_b_sums != nullptr, lora_a = o.lora_a_sums != nullptr;
-  if ((lora_b || lora_a) && (!backward || HG_BACKWARD_TMA)) {
-    return "HopperGemm: LoRA's sums are SwiGLU's backward's, in the build without TMA for it";
+  if ((lora_b || lora_a) && !backward) {
+    return "HopperGemm: LoRA's sums are SwiGLU's backward's";
   }
   if (lora_b && (o.lora_t == nullptr || o.rank_gate < 0 || o.rank_up < 0 || o.rank_gate + o.rank_up == 0 ||
                  o.rank_gate > 256 || o.rank_up > 256 || o.lora_t_stride < o.rank_gate + o.rank_up ||
