@@ -634,8 +634,8 @@ __global__ void __launch_bounds__(kThreads, 1) BackwardKernel(const __grid_const
     }
     if (HA_DQ_IN_KERNEL && tid >= 64) {
       // Warps 2 and 3, the converter: each step's count onto its tile's
-      // arrivals (one thread), and where the count completes the tile (i / 2
-      // + 1 key tiles reach query tile i), the tile's conversion by all 64.
+      // arrivals (one thread), and where the count completes the tile
+      // (BackwardStepsOfTile), the tile's conversion by all 64.
       const int c = tid - 64;
       int n = 0;
       for (int m = 0; m < segments; ++m) {
@@ -646,7 +646,7 @@ __global__ void __launch_bounds__(kThreads, 1) BackwardKernel(const __grid_const
           BarrierWait(&dq_added[n % kDqRing], (n / kDqRing) & 1);
           if (c == 0) {
             const int64_t tile = (static_cast<int64_t>(seg.batch) * maps.shape.heads + head) * maps.q64_tiles + i;
-            last_tile[n % 2] = CountArrival(maps.dq_arrivals + tile) == i / 2;
+            last_tile[n % 2] = CountArrival(maps.dq_arrivals + tile) == BackwardStepsOfTile(i) - 1;
           }
           NamedBarrier(4, 64);  // the decision read after its write; last_tile[n % 2] is next written at step n + 2
           BarrierArrive(&dq_counted[n % kDqRing]);
