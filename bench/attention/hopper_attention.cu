@@ -482,7 +482,7 @@ void Time(const Case& c) {
   const float forward = Milliseconds([&] { return trainerd::kernels::HopperAttentionForward(a, nullptr); });
   const float backward = Milliseconds([&] { return trainerd::kernels::HopperAttentionBackward(g, nullptr); });
   const double flops = 2.0 * c.batch * c.heads * static_cast<double>(c.seq) * c.seq * kD;
-  std::printf("%-28s forward %.4f ms, %.0f TFLOP/s; backward (dO.O, main, dQ's conversion) %.4f ms, %.0f TFLOP/s\n",
+  std::printf("%-28s forward %.4f ms, %.0f TFLOP/s; backward (all its launches) %.4f ms, %.0f TFLOP/s\n",
               c.name, forward, flops / forward / 1e9, backward, 2.5 * flops / backward / 1e9);
   std::fflush(stdout);
   Free(b);

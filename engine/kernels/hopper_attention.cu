@@ -552,8 +552,9 @@ static_assert(kScheduleKeys == kBlockKv && kScheduleQueries == kBackwardQ, "the 
 //   dQ_i[:, 64 c ..] = dS K[:, 64 c ..]           (over all 128 keys)
 //   added onto the float32 sums by vector atomics from registers.
 // At a segment's end dK (scaled) and dV go out through K's and V's shared
-// memory, which the next segment's K and V then fill (dQ is scaled by the
-// conversion kernel).
+// memory, which the next segment's K and V then fill. dQ is scaled, rotated
+// back and rounded by the producer's spare warps (the converter) in the block
+// that adds a query tile's last sums (HA_DQ_IN_KERNEL), else by a launch after.
 __global__ void __launch_bounds__(kThreads, 1) BackwardKernel(const __grid_constant__ BackwardMaps maps) {
   extern __shared__ uint8_t raw_smem[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw_smem) + 1023) & ~uintptr_t{1023});
