@@ -16,7 +16,10 @@
 #define HA_BACKWARD_STAGES 2  // the backward's ring of Q and dO tiles (3 fits: 194 KB)
 #endif
 #ifndef HA_DQ_IN_KERNEL
-#define HA_DQ_IN_KERNEL 1  // dQ's conversion inside the backward (its spare producer warps), not a launch after it
+// 1: dQ's conversion inside the backward (its spare producer warps), not a
+// launch after it. Off until it has run on a GPU (bench/attention/variants.sh
+// with VARIANTS="inkernel:-DHA_DQ_IN_KERNEL=1 separate:").
+#define HA_DQ_IN_KERNEL 0
 #endif
 #ifndef HA_STAGES
 #define HA_STAGES 2  // the forward's ring of K and V tiles (3 fits: 225 KB of shared memory)
@@ -49,7 +52,9 @@ static_assert(kSmemBytes <= 227 * 1024, "shared memory over the 227 KB a block m
 // it spills; at 32, 8 bytes of the consumers' spill, measured by ptxas -v).
 constexpr int kLaunchRegisters = 65536 / kThreads / 8 * 8;
 constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;
-constexpr int kBackwardProducerRegisters = 40, kBackwardConsumerRegisters = 232;
+// The backward's producer takes 40 where its spare warps convert dQ (at 32
+// sincosf's slow path spills 140 bytes there; at 40, 24).
+constexpr int kBackwardProducerRegisters = HA_DQ_IN_KERNEL ? 40 : 32, kBackwardConsumerRegisters = 232;
 static_assert(128 * kProducerRegisters + 256 * kConsumerRegisters <= kThreads * kLaunchRegisters &&
                   128 * kBackwardProducerRegisters + 256 * kBackwardConsumerRegisters <= kThreads * kLaunchRegisters,
               "the warpgroups' registers over the launch's");
@@ -366,13 +371,13 @@ struct BackwardMaps {
   const float* lse;    // (batch, heads, seq)
   const float* dot;    // (batch, heads, seq): dO.O
   float* dq_sums;      // (batch, heads, q64 tiles, 2 halves of 64 columns, 64 x 64 in DqHalfOffset's order)
-  int* dq_arrivals;    // (batch, heads, q64 tiles): key tiles whose sums are in, zero at the launch
-  __nv_bfloat16* grad_q;  // dQ, written by the block that completes a tile's sums (HA_DQ_IN_KERNEL)
-  int64_t grad_q_stride;
   const int64_t* rope_positions;  // null, or dK rotated back (HopperAttentionGradientOperands)
   const float* rope_inv_freq;
   SequenceShape shape;
   int q64_tiles;
+  int* dq_arrivals;    // (batch, heads, q64 tiles): key tiles whose sums are in, zero at the launch
+  __nv_bfloat16* grad_q;  // dQ, written by the block that completes a tile's sums (HA_DQ_IN_KERNEL)
+  int64_t grad_q_stride;
 };
 
 // D = dO.O for each (token, head): 16 lanes a pair (two a warp), eight
@@ -430,39 +435,11 @@ __device__ __forceinline__ void RotateBack(float& a, float& b, float position, f
   a = ra;
 }
 
-// Columns col .. col + N - 1 of each half of a head's dQ row (`row` points at
-// the head's first column) from their float32 sums lo (column c) and hi
-// (column c + 64): rotated back where positions are given (position: the
-// token's), scaled and rounded to bf16 once.
-template <int N>
-__device__ __forceinline__ void StoreDqRow(float (&lo)[N], float (&hi)[N], __nv_bfloat16* row, int col, float scale,
-                                           const int64_t* positions, const float* inv_freq, int64_t token) {
-  static_assert(N == 2 || N == 8, "a pair (4 bytes) or 8 columns (16 bytes) of each half");
-  if (positions != nullptr) {
-    const float position = static_cast<float>(__ldg(positions + token));
-#pragma unroll
-    for (int e = 0; e < N; ++e) RotateBack(lo[e], hi[e], position, __ldg(inv_freq + col + e));
-  }
-  uint32_t out_lo[N / 2], out_hi[N / 2];
-#pragma unroll
-  for (int e = 0; e < N / 2; ++e) {
-    out_lo[e] = PackBf16(lo[2 * e] * scale, lo[2 * e + 1] * scale);
-    out_hi[e] = PackBf16(hi[2 * e] * scale, hi[2 * e + 1] * scale);
-  }
-  if constexpr (N == 8) {
-    *reinterpret_cast<uint4*>(row + col) = make_uint4(out_lo[0], out_lo[1], out_lo[2], out_lo[3]);
-    *reinterpret_cast<uint4*>(row + col + 64) = make_uint4(out_hi[0], out_hi[1], out_hi[2], out_hi[3]);
-  } else {
-    *reinterpret_cast<uint32_t*>(row + col) = out_lo[0];
-    *reinterpret_cast<uint32_t*>(row + col + 64) = out_hi[0];
-  }
-}
-
-// dQ = scale * its float32 sums, rounded to bf16 into q's layout: a launch
-// after the backward's (HA_DQ_IN_KERNEL 0). A thread takes two rows 8 apart
-// (what a float4 of the sums holds) and 8 columns of each half of the head;
-// the 8 threads of a row pair's column groups are adjacent (their stores, a
-// row's 128 bytes of each half, coalesce).
+// dQ = scale * its float32 sums, rounded to bf16 into q's layout, a launch
+// after the backward's (HA_DQ_IN_KERNEL 0). A thread takes two rows 8 apart (what a float4 of the sums holds) and 8 columns of
+// each half of the head, rotated back first where positions are given; the
+// 8 threads of a row pair's column groups are adjacent (their stores, a row's
+// 128 bytes of each half, coalesce).
 __global__ void DqKernel(const float* __restrict__ dq_sums, __nv_bfloat16* __restrict__ grad_q, int64_t grad_q_stride,
                          int seq, int heads, int q64_tiles, float scale, const int64_t* __restrict__ positions,
                          const float* __restrict__ inv_freq, int64_t units) {
@@ -489,14 +466,47 @@ __global__ void DqKernel(const float* __restrict__ dq_sums, __nv_bfloat16* __res
       v[half][0][2 * j] = x.x, v[half][0][2 * j + 1] = x.y, v[half][1][2 * j] = x.z, v[half][1][2 * j + 1] = x.w;
     }
   }
+  const int col = 8 * g;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int t = i * kBackwardQ + 16 * w + q + 8 * r;
     if (t >= seq) continue;
     const int64_t token = b * seq + t;
-    StoreDqRow(v[0][r], v[1][r], grad_q + token * grad_q_stride + head * kHeadDim, 8 * g, scale, positions,
-               inv_freq, token);
+    float* lo = v[0][r];
+    float* hi = v[1][r];
+    if (positions != nullptr) {
+      const float position = static_cast<float>(__ldg(positions + token));
+#pragma unroll
+      for (int e = 0; e < 8; ++e) RotateBack(lo[e], hi[e], position, __ldg(inv_freq + col + e));
+    }
+    uint4 out_lo, out_hi;
+    out_lo.x = PackBf16(lo[0] * scale, lo[1] * scale);
+    out_lo.y = PackBf16(lo[2] * scale, lo[3] * scale);
+    out_lo.z = PackBf16(lo[4] * scale, lo[5] * scale);
+    out_lo.w = PackBf16(lo[6] * scale, lo[7] * scale);
+    out_hi.x = PackBf16(hi[0] * scale, hi[1] * scale);
+    out_hi.y = PackBf16(hi[2] * scale, hi[3] * scale);
+    out_hi.z = PackBf16(hi[4] * scale, hi[5] * scale);
+    out_hi.w = PackBf16(hi[6] * scale, hi[7] * scale);
+    __nv_bfloat16* row = grad_q + token * grad_q_stride + head * kHeadDim + col;
+    *reinterpret_cast<uint4*>(row) = out_lo;
+    *reinterpret_cast<uint4*>(row + 64) = out_hi;
   }
+}
+
+// Columns col and col + 1 of each half of a head's dQ row (`row` points at
+// the head's first column) from their float32 sums lo (columns col, col + 1)
+// and hi (col + 64, col + 65): rotated back where positions are given (the
+// token's), scaled and rounded to bf16 once (as DqKernel does 8 at a time).
+__device__ __forceinline__ void StoreDqPair(float2 lo, float2 hi, __nv_bfloat16* row, int col, float scale,
+                                            const int64_t* positions, const float* inv_freq, int64_t token) {
+  if (positions != nullptr) {
+    const float position = static_cast<float>(__ldg(positions + token));
+    RotateBack(lo.x, hi.x, position, __ldg(inv_freq + col));
+    RotateBack(lo.y, hi.y, position, __ldg(inv_freq + col + 1));
+  }
+  *reinterpret_cast<uint32_t*>(row + col) = PackBf16(lo.x * scale, lo.y * scale);
+  *reinterpret_cast<uint32_t*>(row + col + 64) = PackBf16(hi.x * scale, hi.y * scale);
 }
 
 // One step's count onto its tile's arrivals, returning the count before it:
@@ -527,11 +537,10 @@ __device__ __forceinline__ void ConvertDqTile(const BackwardMaps& maps, int b, i
       if (row0 + 8 * r >= maps.shape.seq) continue;
       const int64_t token = static_cast<int64_t>(b) * maps.shape.seq + row0 + 8 * r;
       // Row r's pair of the float4: (x, y) for r = 0, (z, w) for r = 1.
-      const float2 lo = __ldcg(reinterpret_cast<const float2*>(lo_sums + f) + r);
-      const float2 hi = __ldcg(reinterpret_cast<const float2*>(hi_sums + f) + r);
-      float l[2] = {lo.x, lo.y}, h[2] = {hi.x, hi.y};
-      StoreDqRow(l, h, maps.grad_q + token * maps.grad_q_stride + head * kHeadDim, col, maps.shape.scale,
-                 maps.rope_positions, maps.rope_inv_freq, token);
+      StoreDqPair(__ldcg(reinterpret_cast<const float2*>(lo_sums + f) + r),
+                  __ldcg(reinterpret_cast<const float2*>(hi_sums + f) + r),
+                  maps.grad_q + token * maps.grad_q_stride + head * kHeadDim, col, maps.shape.scale,
+                  maps.rope_positions, maps.rope_inv_freq, token);
     }
   }
 }
@@ -593,7 +602,7 @@ __global__ void __launch_bounds__(kThreads, 1) BackwardKernel(const __grid_const
     }
     BarrierInit(kv_full, 1);
     BarrierInit(kv_empty, 2 * 128);
-    for (int r = 0; r < kDqRing; ++r) {
+    for (int r = 0; HA_DQ_IN_KERNEL && r < kDqRing; ++r) {
       BarrierInit(&dq_added[r], 2 * 128);  // every consumer thread, after its own atomics
       BarrierInit(&dq_counted[r], 64);      // the converter threads
     }

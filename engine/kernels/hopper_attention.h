@@ -84,14 +84,15 @@ struct HopperAttentionGradientOperands {
 // error: nothing was written then.
 [[nodiscard]] std::string HopperAttentionForward(const HopperAttentionOperands& operands, void* stream);
 
-// Launches the backward on `stream` (asynchronous; three launches: zeroing
-// dQ's sums, dO.O a row, the main kernel). The main kernel takes a block for
-// each pair of 128-key tiles of two kv heads (slots, in hopper_attention.cu)
-// and loops over the query heads that share a kv head and their query tiles
-// of 64 rows at or past the keys (causal), so the grouped heads' dK and dV
-// are summed in registers; dQ's partial products are added by atomics onto
-// float32 sums, and the block that adds a tile's last converts it to bf16
-// (counted in the workspace). "" on success, or why it did not launch.
+// Launches the backward on `stream` (asynchronous; four launches: zeroing
+// dQ's sums, dO.O a row, the main kernel, dQ's conversion). The main kernel
+// takes a block for each pair of 128-key tiles of two kv heads (slots, in
+// hopper_attention.cu) and loops over the query heads that share a kv head
+// and their query tiles of 64 rows at or past the keys (causal), so the
+// grouped heads' dK and dV are summed in registers; dQ's partial products are
+// added by atomics onto float32 sums, converted to bf16 at the end (built
+// with HA_DQ_IN_KERNEL=1, by the block that adds a tile's last sums, counted
+// in the workspace: three launches). "" on success, or why it did not launch.
 [[nodiscard]] std::string HopperAttentionBackward(const HopperAttentionGradientOperands& operands, void* stream);
 
 }  // namespace trainerd::kernels
