@@ -2,10 +2,7 @@
 
 #include <atomic>
 #include <cmath>
-#include <map>
-#include <mutex>
 #include <string>
-#include <vector>
 
 #include "engine/environment_level.h"
 #include "engine/hopper_rows.h"
@@ -33,22 +30,6 @@ std::atomic<int>& Setting() {
 
 #ifdef TRAINERD_WITH_HOPPER_KERNELS
 constexpr int64_t kHeadDim = 128;
-
-// dQ's zero-kept scratch (HopperAttentionGradientOperands::dq_scratch) on
-// `device`, of at least `bytes`: one buffer a device, zeroed once when made
-// (on the current stream) and left zero by every backward, which run one at
-// a time on the engine's stream. A buffer outgrown is kept, never freed: CUDA
-// graphs captured with it write to it whenever they are replayed.
-void* DqScratch(const torch::Device& device, int64_t bytes) {
-  static std::mutex mutex;
-  static auto* buffers = new std::map<c10::DeviceIndex, std::vector<torch::Tensor>>;  // never destroyed: see above
-  const std::lock_guard<std::mutex> lock(mutex);
-  std::vector<torch::Tensor>& kept = (*buffers)[device.index()];
-  if (kept.empty() || kept.back().numel() < bytes) {
-    kept.push_back(torch::zeros({bytes}, torch::TensorOptions().dtype(torch::kUInt8).device(device)));
-  }
-  return kept.back().data_ptr();
-}
 
 // The kernels' operands over q, k, v (and o, lse) of one call.
 kernels::HopperAttentionOperands Operands(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
@@ -117,7 +98,7 @@ class HopperAttentionFunction : public torch::autograd::Function<HopperAttention
     const c10::cuda::CUDAGuard guard(q.device());
     torch::Tensor grad = torch::empty({batch * seq, (heads + 2 * kv_heads) * kHeadDim}, q.options());
     torch::Tensor workspace = torch::empty({kernels::HopperAttentionWorkspaceBytes(batch, seq, heads)},
-                                           q.options().dtype(torch::kUInt8));  // dO.O a row
+                                           q.options().dtype(torch::kUInt8));
     torch::Tensor dq = grad.narrow(1, 0, heads * kHeadDim);
     torch::Tensor dk = grad.narrow(1, heads * kHeadDim, kv_heads * kHeadDim);
     torch::Tensor dv = grad.narrow(1, (heads + kv_heads) * kHeadDim, kv_heads * kHeadDim);
@@ -130,7 +111,6 @@ class HopperAttentionFunction : public torch::autograd::Function<HopperAttention
     g.grad_v = dv.data_ptr();
     g.grad_q_stride = g.grad_k_stride = g.grad_v_stride = grad.stride(0);
     g.workspace = workspace.data_ptr();
-    g.dq_scratch = DqScratch(q.device(), kernels::HopperAttentionDqScratchBytes(batch, seq, heads));
     torch::Tensor rope_positions, rope_inv_freq;  // kept alive through the launch
     if (ctx->saved_data.find("rope_positions") != ctx->saved_data.end()) {
       rope_positions = ctx->saved_data["rope_positions"].toTensor();

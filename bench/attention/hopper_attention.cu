@@ -202,8 +202,7 @@ __global__ void ReferenceDkDv(const __nv_bfloat16* qkv, int64_t stride, const __
 
 // The forward's inputs and outputs, and the backward's: dO (like O, random),
 // dq|dk|dv in one buffer laid out as q|k|v (as the engine's group takes its
-// output gradient), the workspace and dQ's scratch (zeroed once, as the
-// engine's: every backward must leave it zero).
+// output gradient), the workspace.
 struct Buffers {
   __nv_bfloat16* qkv = nullptr;
   __nv_bfloat16* o = nullptr;
@@ -211,7 +210,6 @@ struct Buffers {
   __nv_bfloat16* grad_o = nullptr;
   __nv_bfloat16* grad = nullptr;
   void* workspace = nullptr;
-  void* dq_scratch = nullptr;
   int64_t* positions = nullptr;  // with Case::rope: token t of sequence b at 3 b + t
   float* inv_freq = nullptr;     // llama3's: 500000^(-i / 64)
 };
@@ -248,9 +246,6 @@ Buffers Make(const Problem& p, uint32_t seed) {
   CHECK_CUDA(cudaMalloc(&b.grad, p.rows() * p.stride() * 2));
   CHECK_CUDA(cudaMalloc(&b.workspace,
                         trainerd::kernels::HopperAttentionWorkspaceBytes(p.c.batch, p.c.seq, p.c.heads)));
-  const int64_t scratch = trainerd::kernels::HopperAttentionDqScratchBytes(p.c.batch, p.c.seq, p.c.heads);
-  CHECK_CUDA(cudaMalloc(&b.dq_scratch, scratch));
-  CHECK_CUDA(cudaMemset(b.dq_scratch, 0, scratch));
   if (p.c.rope) {
     const auto positions = Positions(p);
     const auto inv_freq = InverseFrequencies();
@@ -264,7 +259,7 @@ Buffers Make(const Problem& p, uint32_t seed) {
 
 void Free(Buffers& b) {
   for (void* x : {static_cast<void*>(b.qkv), static_cast<void*>(b.o), static_cast<void*>(b.lse),
-                  static_cast<void*>(b.grad_o), static_cast<void*>(b.grad), b.workspace, b.dq_scratch,
+                  static_cast<void*>(b.grad_o), static_cast<void*>(b.grad), b.workspace,
                   static_cast<void*>(b.positions), static_cast<void*>(b.inv_freq)}) {
     cudaFree(x);
   }
@@ -297,7 +292,6 @@ trainerd::kernels::HopperAttentionGradientOperands GradientOperands(const Proble
   g.grad_v = b.grad + static_cast<int64_t>(p.c.heads + p.c.kv_heads) * kD;
   g.grad_q_stride = g.grad_k_stride = g.grad_v_stride = p.stride();
   g.workspace = b.workspace;
-  g.dq_scratch = b.dq_scratch;
   g.rope_positions = b.positions;
   g.rope_inv_freq = b.inv_freq;
   return g;
@@ -383,10 +377,6 @@ bool Check(const Case& c) {
   CHECK_CUDA(cudaMemset(b.o, 0xFF, o_count * 2));  // NaNs where the kernel writes nothing
   CHECK_CUDA(cudaMemset(b.grad, 0xFF, p.rows() * p.stride() * 2));
   std::string why = trainerd::kernels::HopperAttentionForward(a, nullptr);
-  // The backward twice, the second's gradients checked: the first must have
-  // left dQ's scratch zero (HopperAttentionGradientOperands::dq_scratch).
-  if (why.empty()) why = trainerd::kernels::HopperAttentionBackward(GradientOperands(p, b), nullptr);
-  CHECK_CUDA(cudaMemset(b.grad, 0xFF, p.rows() * p.stride() * 2));
   if (why.empty()) why = trainerd::kernels::HopperAttentionBackward(GradientOperands(p, b), nullptr);
   if (!why.empty()) {
     std::printf("%-28s FAILED: %s\n", c.name, why.c_str());

@@ -523,28 +523,23 @@ __device__ __forceinline__ int CountArrival(int* arrivals) {
 // the 64 converter threads (thread c of them): float4 f = c + 64 k of each
 // half is the one consumer thread t = f % 128 added for column group g = f /
 // 128 (DqHalfOffset): rows 16 (t / 32) + (t % 32) / 4 and + 8, columns 8 g + 2
-// (t % 4) and + 1. Loaded from L2 (the atomics' copies; .cg, never L1) and
-// zeroed there once read: the sums are zero again for the next launch.
+// (t % 4) and + 1. Loaded from L2 (the atomics' copies; .cg, never L1).
 __device__ __forceinline__ void ConvertDqTile(const BackwardMaps& maps, int b, int head, int i, int c) {
   const int64_t tile = (static_cast<int64_t>(b) * maps.shape.heads + head) * maps.q64_tiles + i;
-  float4* lo_sums = reinterpret_cast<float4*>(maps.dq_sums + tile * kDqTileFloats);
-  float4* hi_sums = lo_sums + kBackwardQ * 64 / 4;
+  const float4* lo_sums = reinterpret_cast<const float4*>(maps.dq_sums + tile * kDqTileFloats);
+  const float4* hi_sums = lo_sums + kBackwardQ * 64 / 4;
 #pragma unroll 1
   for (int f = c; f < kBackwardQ * 64 / 4; f += 64) {
     const int t = f % 128, col = 8 * (f / 128) + 2 * (t % 4);
     const int row0 = i * kBackwardQ + 16 * (t / 32) + (t % 32) / 4;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      // Row r's pair of the float4: (x, y) for r = 0, (z, w) for r = 1; zero
-      // again once read (rows past the sequence too), for the next launch.
-      float2* lo = reinterpret_cast<float2*>(lo_sums + f) + r;
-      float2* hi = reinterpret_cast<float2*>(hi_sums + f) + r;
-      const float2 lo_sum = __ldcg(lo), hi_sum = __ldcg(hi);
-      __stcg(lo, make_float2(0.f, 0.f));
-      __stcg(hi, make_float2(0.f, 0.f));
       if (row0 + 8 * r >= maps.shape.seq) continue;
       const int64_t token = static_cast<int64_t>(b) * maps.shape.seq + row0 + 8 * r;
-      StoreDqPair(lo_sum, hi_sum, maps.grad_q + token * maps.grad_q_stride + head * kHeadDim, col, maps.shape.scale,
+      // Row r's pair of the float4: (x, y) for r = 0, (z, w) for r = 1.
+      StoreDqPair(__ldcg(reinterpret_cast<const float2*>(lo_sums + f) + r),
+                  __ldcg(reinterpret_cast<const float2*>(hi_sums + f) + r),
+                  maps.grad_q + token * maps.grad_q_stride + head * kHeadDim, col, maps.shape.scale,
                   maps.rope_positions, maps.rope_inv_freq, token);
     }
   }
@@ -661,9 +656,7 @@ __global__ void __launch_bounds__(kThreads, 1) BackwardKernel(const __grid_const
           BarrierWait(&dq_added[n % kDqRing], (n / kDqRing) & 1);
           if (c == 0) {
             const int64_t tile = (static_cast<int64_t>(seg.batch) * maps.shape.heads + head) * maps.q64_tiles + i;
-            const bool last = CountArrival(maps.dq_arrivals + tile) == BackwardStepsOfTile(i) - 1;
-            if (last) maps.dq_arrivals[tile] = 0;  // no step of this launch counts onto it again
-            last_tile[n % 2] = last;
+            last_tile[n % 2] = CountArrival(maps.dq_arrivals + tile) == BackwardStepsOfTile(i) - 1;
           }
           NamedBarrier(4, 64);  // the decision read after its write; last_tile[n % 2] is next written at step n + 2
           BarrierArrive(&dq_counted[n % kDqRing]);
@@ -878,8 +871,8 @@ __global__ void __launch_bounds__(kThreads, 1) BackwardKernel(const __grid_const
 }
 
 // Query tiles of 64 rows (the backward's) over a sequence, and the floats of
-// dQ's sums (the zero-kept scratch's first part; an int a tile, the
-// arrivals, after them).
+// dQ's sums (the workspace's first part; then an int a tile, the arrivals,
+// and each row's D).
 int64_t Q64Tiles(int64_t seq) { return (seq + kBackwardQ - 1) / kBackwardQ; }
 int64_t DqSumsFloats(int64_t batch, int64_t seq, int64_t heads) {
   return batch * heads * Q64Tiles(seq) * kDqTileFloats;
@@ -948,23 +941,20 @@ std::string HopperAttentionForward(const HopperAttentionOperands& a, void* strea
   return Launched("the forward's launch");
 }
 
-int64_t HopperAttentionWorkspaceBytes(int64_t batch, int64_t seq, int64_t heads) { return batch * heads * seq * 4; }
-
-int64_t HopperAttentionDqScratchBytes(int64_t batch, int64_t seq, int64_t heads) {
-  return (DqSumsFloats(batch, seq, heads) + batch * heads * Q64Tiles(seq)) * 4;
+int64_t HopperAttentionWorkspaceBytes(int64_t batch, int64_t seq, int64_t heads) {
+  return (DqSumsFloats(batch, seq, heads) + batch * heads * Q64Tiles(seq) + batch * heads * seq) * 4;
 }
 
 std::string HopperAttentionBackward(const HopperAttentionGradientOperands& g, void* stream) {
   const HopperAttentionOperands& a = g.forward;
   std::string why = CheckOperands(a);
-  if (why.empty() && (g.workspace == nullptr || !Aligned(g.workspace) || g.dq_scratch == nullptr ||
-                      !Aligned(g.dq_scratch) || !Aligned(g.grad_o) || !Aligned(g.grad_q) ||
+  if (why.empty() && (g.workspace == nullptr || !Aligned(g.workspace) || !Aligned(g.grad_o) || !Aligned(g.grad_q) ||
                       !Aligned(g.grad_k) || !Aligned(g.grad_v) || g.grad_o_stride % 8 != 0 ||
                       g.grad_q_stride % 8 != 0 || g.grad_k_stride % 8 != 0 || g.grad_v_stride % 8 != 0 ||
                       g.grad_o_stride < a.heads * kHeadDim || g.grad_q_stride < a.heads * kHeadDim ||
                       g.grad_k_stride < a.kv_heads * kHeadDim || g.grad_v_stride < a.kv_heads * kHeadDim)) {
-    why = "the gradients, the workspace and dQ's scratch must be given 16-byte aligned, the gradients' row strides "
-          "multiples of 8 elements of at least the heads' columns";
+    why = "the gradients and the workspace must be 16-byte aligned, their row strides multiples of 8 elements of "
+          "at least the heads' columns";
   }
   if (why.empty() && (g.rope_positions == nullptr) != (g.rope_inv_freq == nullptr)) {
     why = "rope_positions and rope_inv_freq go together: both or neither";
@@ -978,14 +968,14 @@ std::string HopperAttentionBackward(const HopperAttentionGradientOperands& g, vo
   if (why.empty()) why = SequenceMap(&maps.grad_v, g.grad_v, a, a.kv_heads * kHeadDim, g.grad_v_stride, 64);
   if (why.empty()) why = AllowSharedMemory<BackwardKernel>(kBackwardSmemBytes);
   if (!why.empty()) return "HopperAttention: " + why;
-  const int64_t sums = DqSumsFloats(a.batch, a.seq, a.heads);
-  auto* dot = static_cast<float*>(g.workspace);
-  auto* dq_sums = static_cast<float*>(g.dq_scratch);
+  const int64_t sums = DqSumsFloats(a.batch, a.seq, a.heads), tiles = a.batch * a.heads * Q64Tiles(a.seq);
+  auto* workspace = static_cast<float*>(g.workspace);
   auto* s = static_cast<cudaStream_t>(stream);
+  float* dot = workspace + sums + tiles;
   maps.lse = a.lse;
   maps.dot = dot;
-  maps.dq_sums = dq_sums;
-  maps.dq_arrivals = reinterpret_cast<int*>(dq_sums + sums);
+  maps.dq_sums = workspace;
+  maps.dq_arrivals = reinterpret_cast<int*>(workspace + sums);
   maps.grad_q = static_cast<__nv_bfloat16*>(g.grad_q);
   maps.grad_q_stride = g.grad_q_stride;
   maps.rope_positions = g.rope_positions;
@@ -993,6 +983,9 @@ std::string HopperAttentionBackward(const HopperAttentionGradientOperands& g, vo
   maps.shape = ShapeOf(a);
   maps.q64_tiles = static_cast<int>(Q64Tiles(a.seq));
 
+  if (cudaMemsetAsync(workspace, 0, (sums + tiles) * 4, s) != cudaSuccess) {
+    return Launched("zeroing dQ's sums and arrivals");
+  }
   const int64_t pairs = a.batch * a.seq * a.heads;
   DotKernel<<<static_cast<unsigned>((pairs * 16 + 255) / 256), 256, 0, s>>>(
       static_cast<const __nv_bfloat16*>(g.grad_o), g.grad_o_stride, static_cast<const __nv_bfloat16*>(a.o),
@@ -1006,14 +999,9 @@ std::string HopperAttentionBackward(const HopperAttentionGradientOperands& g, vo
   if (!why.empty() || HA_DQ_IN_KERNEL) return why;
   const int64_t units = a.batch * maps.q64_tiles * a.heads * 32 * 8;  // DqKernel's: row pairs x column groups
   DqKernel<<<static_cast<unsigned>((units + 255) / 256), 256, 0, s>>>(
-      dq_sums, static_cast<__nv_bfloat16*>(g.grad_q), g.grad_q_stride, maps.shape.seq, maps.shape.heads,
+      workspace, static_cast<__nv_bfloat16*>(g.grad_q), g.grad_q_stride, maps.shape.seq, maps.shape.heads,
       maps.q64_tiles, a.scale, g.rope_positions, g.rope_inv_freq, units);
-  why = Launched("dQ's conversion");
-  // The sums zero again for the next call (HopperAttentionGradientOperands::dq_scratch), whatever came of this one.
-  if (cudaMemsetAsync(dq_sums, 0, sums * 4, s) != cudaSuccess && why.empty()) {
-    why = Launched("zeroing dQ's sums again");
-  }
-  return why;
+  return Launched("dQ's conversion");
 }
 
 }  // namespace trainerd::kernels

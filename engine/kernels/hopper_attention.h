@@ -58,13 +58,8 @@ struct HopperAttentionGradientOperands {
   void* grad_v = nullptr;  // like v
   int64_t grad_q_stride = 0, grad_k_stride = 0, grad_v_stride = 0;
   // Scratch of HopperAttentionWorkspaceBytes(batch, seq, heads) bytes,
-  // 16-byte aligned: each row's dO.O.
+  // 16-byte aligned: dQ's float32 sums, their arrivals and each row's dO.O.
   void* workspace = nullptr;
-  // dQ's float32 sums and their arrivals: at least
-  // HopperAttentionDqScratchBytes(batch, seq, heads) bytes, 16-byte aligned,
-  // all zero on entry and left zero, so that one buffer zeroed once serves
-  // every call it fits (one at a time: calls that may overlap need one each).
-  void* dq_scratch = nullptr;
   // Optional, both or neither: q and k are the rotary embedding's output
   // (rope.cu's rotate_half formula, element i of a head paired with i + 64),
   // rotated at these positions, and dQ and dK are written rotated back (the
@@ -76,12 +71,10 @@ struct HopperAttentionGradientOperands {
   const float* rope_inv_freq = nullptr;
 };
 
-// The backward's scratch: a float a row and head.
+// The backward's scratch: float32 dQ sums for every 64 query rows of a head
+// (padded to whole tiles), an int a tile (its arrivals) and a float a row and
+// head.
 [[nodiscard]] int64_t HopperAttentionWorkspaceBytes(int64_t batch, int64_t seq, int64_t heads);
-
-// The backward's zero-kept scratch: float32 dQ sums for every 64 query rows
-// of a head (padded to whole tiles) and an int a tile (its arrivals).
-[[nodiscard]] int64_t HopperAttentionDqScratchBytes(int64_t batch, int64_t seq, int64_t heads);
 
 // Whether the current device is a Hopper GPU (compute capability 9.0).
 [[nodiscard]] bool HopperAttentionSuits();
@@ -91,16 +84,15 @@ struct HopperAttentionGradientOperands {
 // error: nothing was written then.
 [[nodiscard]] std::string HopperAttentionForward(const HopperAttentionOperands& operands, void* stream);
 
-// Launches the backward on `stream` (asynchronous; four launches: dO.O a
-// row, the main kernel, dQ's conversion, zeroing dQ's sums again). The main kernel
+// Launches the backward on `stream` (asynchronous; four launches: zeroing
+// dQ's sums, dO.O a row, the main kernel, dQ's conversion). The main kernel
 // takes a block for each pair of 128-key tiles of two kv heads (slots, in
 // hopper_attention.cu) and loops over the query heads that share a kv head
 // and their query tiles of 64 rows at or past the keys (causal), so the
 // grouped heads' dK and dV are summed in registers; dQ's partial products are
 // added by atomics onto float32 sums, converted to bf16 at the end (built
 // with HA_DQ_IN_KERNEL=1, by the block that adds a tile's last sums, counted
-// in the scratch, which zeroes them as it reads them: two launches). "" on
-// success, or why it did not launch.
+// in the workspace: three launches). "" on success, or why it did not launch.
 [[nodiscard]] std::string HopperAttentionBackward(const HopperAttentionGradientOperands& operands, void* stream);
 
 }  // namespace trainerd::kernels
