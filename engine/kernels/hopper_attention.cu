@@ -436,10 +436,11 @@ __device__ __forceinline__ void RotateBack(float& a, float& b, float position, f
 }
 
 // dQ = scale * its float32 sums, rounded to bf16 into q's layout, a launch
-// after the backward's (HA_DQ_IN_KERNEL 0). A thread takes two rows 8 apart (what a float4 of the sums holds) and 8 columns of
-// each half of the head, rotated back first where positions are given; the
-// 8 threads of a row pair's column groups are adjacent (their stores, a row's
-// 128 bytes of each half, coalesce).
+// after the backward's (HA_DQ_IN_KERNEL 0). A thread takes two rows 8 apart
+// (what a float4 of the sums holds) and 8 columns of each half of the head,
+// rotated back first where positions are given; the 8 threads of a row
+// pair's column groups are adjacent (their stores, a row's 128 bytes of each
+// half, coalesce).
 __global__ void DqKernel(const float* __restrict__ dq_sums, __nv_bfloat16* __restrict__ grad_q, int64_t grad_q_stride,
                          int seq, int heads, int q64_tiles, float scale, const int64_t* __restrict__ positions,
                          const float* __restrict__ inv_freq, int64_t units) {
