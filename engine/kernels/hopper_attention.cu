@@ -53,7 +53,7 @@ static_assert(kSmemBytes <= 227 * 1024, "shared memory over the 227 KB a block m
 constexpr int kLaunchRegisters = 65536 / kThreads / 8 * 8;
 constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;
 // The backward's producer takes 40 where its spare warps convert dQ (at 32
-// sincosf's slow path spills 140 bytes there; at 40, 24).
+// sincosf's slow path spills 100 bytes there; at 40, 16).
 constexpr int kBackwardProducerRegisters = HA_DQ_IN_KERNEL ? 40 : 32, kBackwardConsumerRegisters = 232;
 static_assert(128 * kProducerRegisters + 256 * kConsumerRegisters <= kThreads * kLaunchRegisters &&
                   128 * kBackwardProducerRegisters + 256 * kBackwardConsumerRegisters <= kThreads * kLaunchRegisters,
@@ -380,6 +380,12 @@ struct BackwardMaps {
   int64_t grad_q_stride;
 };
 
+// Query tile i of (sequence b, head): its index among dQ's sums (times
+// kDqTileFloats) and arrivals.
+__device__ __forceinline__ int64_t DqTile(const BackwardMaps& maps, int b, int head, int i) {
+  return (static_cast<int64_t>(b) * maps.shape.heads + head) * maps.q64_tiles + i;
+}
+
 // D = dO.O for each (token, head): 16 lanes a pair (two a warp), eight
 // elements (16 bytes of each operand) a lane.
 __global__ void DotKernel(const __nv_bfloat16* __restrict__ grad_o, int64_t grad_o_stride,
@@ -526,7 +532,7 @@ __device__ __forceinline__ int CountArrival(int* arrivals) {
 // 128 (DqHalfOffset): rows 16 (t / 32) + (t % 32) / 4 and + 8, columns 8 g + 2
 // (t % 4) and + 1. Loaded from L2 (the atomics' copies; .cg, never L1).
 __device__ __forceinline__ void ConvertDqTile(const BackwardMaps& maps, int b, int head, int i, int c) {
-  const int64_t tile = (static_cast<int64_t>(b) * maps.shape.heads + head) * maps.q64_tiles + i;
+  const int64_t tile = DqTile(maps, b, head, i);
   const float4* lo_sums = reinterpret_cast<const float4*>(maps.dq_sums + tile * kDqTileFloats);
   const float4* hi_sums = lo_sums + kBackwardQ * 64 / 4;
 #pragma unroll 1
@@ -656,8 +662,8 @@ __global__ void __launch_bounds__(kThreads, 1) BackwardKernel(const __grid_const
           const int head = seg.kv_head * group + step.hh, i = step.i;
           BarrierWait(&dq_added[n % kDqRing], (n / kDqRing) & 1);
           if (c == 0) {
-            const int64_t tile = (static_cast<int64_t>(seg.batch) * maps.shape.heads + head) * maps.q64_tiles + i;
-            last_tile[n % 2] = CountArrival(maps.dq_arrivals + tile) == BackwardStepsOfTile(i) - 1;
+            last_tile[n % 2] =
+                CountArrival(maps.dq_arrivals + DqTile(maps, seg.batch, head, i)) == BackwardStepsOfTile(i) - 1;
           }
           NamedBarrier(4, 64);  // the decision read after its write; last_tile[n % 2] is next written at step n + 2
           BarrierArrive(&dq_counted[n % kDqRing]);
@@ -722,10 +728,7 @@ __global__ void __launch_bounds__(kThreads, 1) BackwardKernel(const __grid_const
     // memory for one bulk reduction (TMA) instead was measured no faster and
     // spent 32 KB of shared memory and two barriers a step (NOTES.md).
     auto add_dq = [&](int head, int i) {
-      float* sums = maps.dq_sums +
-                    ((static_cast<int64_t>(seg.batch) * maps.shape.heads + head) * maps.q64_tiles + i) *
-                        kDqTileFloats +
-                    consumer * (kBackwardQ * 64);
+      float* sums = maps.dq_sums + DqTile(maps, seg.batch, head, i) * kDqTileFloats + consumer * (kBackwardQ * 64);
       FenceRegisters(dq);
 #pragma unroll
       for (int g = 0; g < 8; ++g) {
