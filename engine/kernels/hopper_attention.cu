@@ -15,12 +15,6 @@
 #ifndef HA_BACKWARD_STAGES
 #define HA_BACKWARD_STAGES 2  // the backward's ring of Q and dO tiles (3 fits: 194 KB)
 #endif
-#ifndef HA_DQ_IN_KERNEL
-// 1: dQ's conversion inside the backward (its spare producer warps), not a
-// launch after it. Off until it has run on a GPU (bench/attention/variants.sh
-// with VARIANTS="inkernel:-DHA_DQ_IN_KERNEL=1 separate:").
-#define HA_DQ_IN_KERNEL 0
-#endif
 #ifndef HA_STAGES
 #define HA_STAGES 2  // the forward's ring of K and V tiles (3 fits: 225 KB of shared memory)
 #endif
@@ -52,9 +46,7 @@ static_assert(kSmemBytes <= 227 * 1024, "shared memory over the 227 KB a block m
 // it spills; at 32, 8 bytes of the consumers' spill, measured by ptxas -v).
 constexpr int kLaunchRegisters = 65536 / kThreads / 8 * 8;
 constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;
-// The backward's producer takes 40 where its spare warps convert dQ (at 32
-// sincosf's slow path spills 100 bytes there; at 40, 16).
-constexpr int kBackwardProducerRegisters = HA_DQ_IN_KERNEL ? 40 : 32, kBackwardConsumerRegisters = 232;
+constexpr int kBackwardProducerRegisters = 32, kBackwardConsumerRegisters = 232;
 static_assert(128 * kProducerRegisters + 256 * kConsumerRegisters <= kThreads * kLaunchRegisters &&
                   128 * kBackwardProducerRegisters + 256 * kBackwardConsumerRegisters <= kThreads * kLaunchRegisters,
               "the warpgroups' registers over the launch's");
@@ -352,13 +344,10 @@ constexpr int kChunk = 64 * 64 * 2;                  // 8 KB: 64 rows x 64 colum
 constexpr int kDsBytes = kBlockKv * kBackwardQ * 2;  // 16 KB: dS^T of a step, keys x queries
 constexpr int kDqTileFloats = kBackwardQ * kHeadDim;  // a step's dQ sums: 8,192 floats
 constexpr int kRowBytes = kBackwardStages * 2 * kBackwardQ * 4;  // each stage's 64 log-sum-exps and D values: 1 KB
-// Steps whose dQ atomics the consumers may have handed to the converter
-// warps ahead of its counting them (dq_added and dq_counted, a ring).
-constexpr int kDqRing = 4;
 // K and V (32 KB each), the stages of Q and dO, dS^T twice, the stages'
-// log-sum-exps and D values, barriers, the converter's two decision words.
-constexpr int kBackwardSmemBytes = 2 * kKBytes + kBackwardStages * 2 * kQ64Bytes + 2 * kDsBytes + kRowBytes +
-                                   (2 * kBackwardStages + 2 + 2 * kDqRing) * 8 + 8 + 1024;
+// log-sum-exps and D values, barriers.
+constexpr int kBackwardSmemBytes =
+    2 * kKBytes + kBackwardStages * 2 * kQ64Bytes + 2 * kDsBytes + kRowBytes + (2 * kBackwardStages + 2) * 8 + 1024;
 static_assert(kBackwardSmemBytes <= 227 * 1024, "shared memory over the 227 KB a block may have");
 
 struct BackwardMaps {
@@ -375,16 +364,7 @@ struct BackwardMaps {
   const float* rope_inv_freq;
   SequenceShape shape;
   int q64_tiles;
-  int* dq_arrivals;    // (batch, heads, q64 tiles): key tiles whose sums are in, zero at the launch
-  __nv_bfloat16* grad_q;  // dQ, written by the block that completes a tile's sums (HA_DQ_IN_KERNEL)
-  int64_t grad_q_stride;
 };
-
-// Query tile i of (sequence b, head): its index among dQ's sums (times
-// kDqTileFloats) and arrivals.
-__device__ __forceinline__ int64_t DqTile(const BackwardMaps& maps, int b, int head, int i) {
-  return (static_cast<int64_t>(b) * maps.shape.heads + head) * maps.q64_tiles + i;
-}
 
 // D = dO.O for each (token, head): 16 lanes a pair (two a warp), eight
 // elements (16 bytes of each operand) a lane.
@@ -441,12 +421,11 @@ __device__ __forceinline__ void RotateBack(float& a, float& b, float position, f
   a = ra;
 }
 
-// dQ = scale * its float32 sums, rounded to bf16 into q's layout, a launch
-// after the backward's (HA_DQ_IN_KERNEL 0). A thread takes two rows 8 apart
-// (what a float4 of the sums holds) and 8 columns of each half of the head,
-// rotated back first where positions are given; the 8 threads of a row
-// pair's column groups are adjacent (their stores, a row's 128 bytes of each
-// half, coalesce).
+// dQ = scale * its float32 sums, rounded to bf16 into q's layout. A thread
+// takes two rows 8 apart (what a float4 of the sums holds) and 8 columns of
+// each half of the head, rotated back first where positions are given; the
+// 8 threads of a row pair's column groups are adjacent (their stores, a row's
+// 128 bytes of each half, coalesce).
 __global__ void DqKernel(const float* __restrict__ dq_sums, __nv_bfloat16* __restrict__ grad_q, int64_t grad_q_stride,
                          int seq, int heads, int q64_tiles, float scale, const int64_t* __restrict__ positions,
                          const float* __restrict__ inv_freq, int64_t units) {
@@ -501,57 +480,6 @@ __global__ void DqKernel(const float* __restrict__ dq_sums, __nv_bfloat16* __res
   }
 }
 
-// Columns col and col + 1 of each half of a head's dQ row (`row` points at
-// the head's first column) from their float32 sums lo (columns col, col + 1)
-// and hi (col + 64, col + 65): rotated back where positions are given (the
-// token's), scaled and rounded to bf16 once (as DqKernel does 8 at a time).
-__device__ __forceinline__ void StoreDqPair(float2 lo, float2 hi, __nv_bfloat16* row, int col, float scale,
-                                            const int64_t* positions, const float* inv_freq, int64_t token) {
-  if (positions != nullptr) {
-    const float position = static_cast<float>(__ldg(positions + token));
-    RotateBack(lo.x, hi.x, position, __ldg(inv_freq + col));
-    RotateBack(lo.y, hi.y, position, __ldg(inv_freq + col + 1));
-  }
-  *reinterpret_cast<uint32_t*>(row + col) = PackBf16(lo.x * scale, lo.y * scale);
-  *reinterpret_cast<uint32_t*>(row + col + 64) = PackBf16(hi.x * scale, hi.y * scale);
-}
-
-// One step's count onto its tile's arrivals, returning the count before it:
-// a release at gpu scope of everything this thread has seen (the consumers'
-// atomics, through dq_added), and an acquire of the other blocks' releases
-// before it (their atomics onto the same tile).
-__device__ __forceinline__ int CountArrival(int* arrivals) {
-  int before;
-  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;" : "=r"(before) : "l"(arrivals) : "memory");
-  return before;
-}
-
-// dQ of query tile i of (sequence b, head) from its complete float32 sums, by
-// the 64 converter threads (thread c of them): float4 f = c + 64 k of each
-// half is the one consumer thread t = f % 128 added for column group g = f /
-// 128 (DqHalfOffset): rows 16 (t / 32) + (t % 32) / 4 and + 8, columns 8 g + 2
-// (t % 4) and + 1. Loaded from L2 (the atomics' copies; .cg, never L1).
-__device__ __forceinline__ void ConvertDqTile(const BackwardMaps& maps, int b, int head, int i, int c) {
-  const int64_t tile = DqTile(maps, b, head, i);
-  const float4* lo_sums = reinterpret_cast<const float4*>(maps.dq_sums + tile * kDqTileFloats);
-  const float4* hi_sums = lo_sums + kBackwardQ * 64 / 4;
-#pragma unroll 1
-  for (int f = c; f < kBackwardQ * 64 / 4; f += 64) {
-    const int t = f % 128, col = 8 * (f / 128) + 2 * (t % 4);
-    const int row0 = i * kBackwardQ + 16 * (t / 32) + (t % 32) / 4;
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      if (row0 + 8 * r >= maps.shape.seq) continue;
-      const int64_t token = static_cast<int64_t>(b) * maps.shape.seq + row0 + 8 * r;
-      // Row r's pair of the float4: (x, y) for r = 0, (z, w) for r = 1.
-      StoreDqPair(__ldcg(reinterpret_cast<const float2*>(lo_sums + f) + r),
-                  __ldcg(reinterpret_cast<const float2*>(hi_sums + f) + r),
-                  maps.grad_q + token * maps.grad_q_stride + head * kHeadDim, col, maps.shape.scale,
-                  maps.rope_positions, maps.rope_inv_freq, token);
-    }
-  }
-}
-
 static_assert(kScheduleKeys == kBlockKv && kScheduleQueries == kBackwardQ, "the schedule's tiles are the kernel's");
 
 // A block for each slot (BackwardSlots): for each of its segments (keys j,
@@ -568,9 +496,8 @@ static_assert(kScheduleKeys == kBlockKv && kScheduleQueries == kBackwardQ, "the 
 //   dQ_i[:, 64 c ..] = dS K[:, 64 c ..]           (over all 128 keys)
 //   added onto the float32 sums by vector atomics from registers.
 // At a segment's end dK (scaled) and dV go out through K's and V's shared
-// memory, which the next segment's K and V then fill. dQ is scaled, rotated
-// back and rounded by the producer's spare warps (the converter) in the block
-// that adds a query tile's last sums (HA_DQ_IN_KERNEL), else by a launch after.
+// memory, which the next segment's K and V then fill (dQ is scaled by the
+// conversion kernel).
 __global__ void __launch_bounds__(kThreads, 1) BackwardKernel(const __grid_constant__ BackwardMaps maps) {
   extern __shared__ uint8_t raw_smem[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw_smem) + 1023) & ~uintptr_t{1023});
@@ -584,12 +511,6 @@ __global__ void __launch_bounds__(kThreads, 1) BackwardKernel(const __grid_const
   uint64_t* empty = full + kBackwardStages;
   uint64_t* kv_full = empty + kBackwardStages;  // segment m's K and V loaded: phase m % 2
   uint64_t* kv_empty = kv_full + 1;             // segment m's dK and dV stored from K's and V's room: phase m % 2
-  // Step n's dQ atomics issued by both consumers (dq_added[n % kDqRing]) and
-  // counted by the converter warps (dq_counted[..]); the converter's decision
-  // for step n at last_tile[n % 2].
-  uint64_t* dq_added = kv_empty + 1;
-  uint64_t* dq_counted = dq_added + kDqRing;
-  volatile int* last_tile = reinterpret_cast<volatile int*>(dq_counted + kDqRing);
 
   const int slot = static_cast<int>(blockIdx.x);
   int segments;
@@ -609,10 +530,6 @@ __global__ void __launch_bounds__(kThreads, 1) BackwardKernel(const __grid_const
     }
     BarrierInit(kv_full, 1);
     BarrierInit(kv_empty, 2 * 128);
-    for (int r = 0; HA_DQ_IN_KERNEL && r < kDqRing; ++r) {
-      BarrierInit(&dq_added[r], 2 * 128);  // every consumer thread, after its own atomics
-      BarrierInit(&dq_counted[r], 64);      // the converter threads
-    }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
@@ -645,29 +562,6 @@ __global__ void __launch_bounds__(kThreads, 1) BackwardKernel(const __grid_const
           *reinterpret_cast<float2*>(&rows[s][0][2 * lane]) = lse;
           *reinterpret_cast<float2*>(&rows[s][1][2 * lane]) = dot;
           BarrierArrive(&full[s]);
-        }
-      }
-      return;
-    }
-    if (HA_DQ_IN_KERNEL && tid >= 64) {
-      // Warps 2 and 3, the converter: each step's count onto its tile's
-      // arrivals (one thread), and where the count completes the tile
-      // (BackwardStepsOfTile), the tile's conversion by all 64.
-      const int c = tid - 64;
-      int n = 0;
-      for (int m = 0; m < segments; ++m) {
-        const BackwardSegment seg = SegmentOf(slot, m, schedule, &segments);
-        BackwardStep step(seg, maps.q64_tiles);
-        for (const int n_end = n + seg.steps; n < n_end; ++n, step.Next(seg, group)) {
-          const int head = seg.kv_head * group + step.hh, i = step.i;
-          BarrierWait(&dq_added[n % kDqRing], (n / kDqRing) & 1);
-          if (c == 0) {
-            last_tile[n % 2] =
-                CountArrival(maps.dq_arrivals + DqTile(maps, seg.batch, head, i)) == BackwardStepsOfTile(i) - 1;
-          }
-          NamedBarrier(4, 64);  // the decision read after its write; last_tile[n % 2] is next written at step n + 2
-          BarrierArrive(&dq_counted[n % kDqRing]);
-          if (last_tile[n % 2]) ConvertDqTile(maps, seg.batch, head, i, c);
         }
       }
       return;
@@ -728,7 +622,10 @@ __global__ void __launch_bounds__(kThreads, 1) BackwardKernel(const __grid_const
     // memory for one bulk reduction (TMA) instead was measured no faster and
     // spent 32 KB of shared memory and two barriers a step (NOTES.md).
     auto add_dq = [&](int head, int i) {
-      float* sums = maps.dq_sums + DqTile(maps, seg.batch, head, i) * kDqTileFloats + consumer * (kBackwardQ * 64);
+      float* sums = maps.dq_sums +
+                    ((static_cast<int64_t>(seg.batch) * maps.shape.heads + head) * maps.q64_tiles + i) *
+                        kDqTileFloats +
+                    consumer * (kBackwardQ * 64);
       FenceRegisters(dq);
 #pragma unroll
       for (int g = 0; g < 8; ++g) {
@@ -818,13 +715,6 @@ __global__ void __launch_bounds__(kThreads, 1) BackwardKernel(const __grid_const
       BarrierArrive(&empty[s]);
       WgmmaWait<0>();
       add_dq(head, i);
-      if (HA_DQ_IN_KERNEL) {
-        // The converter counts the step once both consumers' atomics are in
-        // (the arrival releases this thread's); a ring slot is refilled only
-        // once counted.
-        BarrierWait(&dq_counted[n % kDqRing], ((n / kDqRing) & 1) ^ 1);
-        BarrierArrive(&dq_added[n % kDqRing]);
-      }
     }
 
     // dK rotated back where the rotary embedding made k: columns 8 g + ..
@@ -875,8 +765,7 @@ __global__ void __launch_bounds__(kThreads, 1) BackwardKernel(const __grid_const
 }
 
 // Query tiles of 64 rows (the backward's) over a sequence, and the floats of
-// dQ's sums (the workspace's first part; then an int a tile, the arrivals,
-// and each row's D).
+// dQ's sums (the workspace's first part; each row's D after them).
 int64_t Q64Tiles(int64_t seq) { return (seq + kBackwardQ - 1) / kBackwardQ; }
 int64_t DqSumsFloats(int64_t batch, int64_t seq, int64_t heads) {
   return batch * heads * Q64Tiles(seq) * kDqTileFloats;
@@ -946,7 +835,7 @@ std::string HopperAttentionForward(const HopperAttentionOperands& a, void* strea
 }
 
 int64_t HopperAttentionWorkspaceBytes(int64_t batch, int64_t seq, int64_t heads) {
-  return (DqSumsFloats(batch, seq, heads) + batch * heads * Q64Tiles(seq) + batch * heads * seq) * 4;
+  return (DqSumsFloats(batch, seq, heads) + batch * heads * seq) * 4;
 }
 
 std::string HopperAttentionBackward(const HopperAttentionGradientOperands& g, void* stream) {
@@ -972,35 +861,29 @@ std::string HopperAttentionBackward(const HopperAttentionGradientOperands& g, vo
   if (why.empty()) why = SequenceMap(&maps.grad_v, g.grad_v, a, a.kv_heads * kHeadDim, g.grad_v_stride, 64);
   if (why.empty()) why = AllowSharedMemory<BackwardKernel>(kBackwardSmemBytes);
   if (!why.empty()) return "HopperAttention: " + why;
-  const int64_t sums = DqSumsFloats(a.batch, a.seq, a.heads), tiles = a.batch * a.heads * Q64Tiles(a.seq);
+  const int64_t sums = DqSumsFloats(a.batch, a.seq, a.heads);
   auto* workspace = static_cast<float*>(g.workspace);
   auto* s = static_cast<cudaStream_t>(stream);
-  float* dot = workspace + sums + tiles;
   maps.lse = a.lse;
-  maps.dot = dot;
+  maps.dot = workspace + sums;
   maps.dq_sums = workspace;
-  maps.dq_arrivals = reinterpret_cast<int*>(workspace + sums);
-  maps.grad_q = static_cast<__nv_bfloat16*>(g.grad_q);
-  maps.grad_q_stride = g.grad_q_stride;
   maps.rope_positions = g.rope_positions;
   maps.rope_inv_freq = g.rope_inv_freq;
   maps.shape = ShapeOf(a);
   maps.q64_tiles = static_cast<int>(Q64Tiles(a.seq));
 
-  if (cudaMemsetAsync(workspace, 0, (sums + tiles) * 4, s) != cudaSuccess) {
-    return Launched("zeroing dQ's sums and arrivals");
-  }
+  if (cudaMemsetAsync(workspace, 0, sums * 4, s) != cudaSuccess) return Launched("zeroing dQ's sums");
   const int64_t pairs = a.batch * a.seq * a.heads;
   DotKernel<<<static_cast<unsigned>((pairs * 16 + 255) / 256), 256, 0, s>>>(
       static_cast<const __nv_bfloat16*>(g.grad_o), g.grad_o_stride, static_cast<const __nv_bfloat16*>(a.o),
-      a.o_stride, dot, maps.shape.seq, maps.shape.heads, pairs);
+      a.o_stride, workspace + sums, maps.shape.seq, maps.shape.heads, pairs);
   why = Launched("dO.O's launch");
   if (!why.empty()) return why;
   const int blocks = BackwardSlots(BackwardShape{maps.shape.batch, maps.shape.kv_heads, maps.shape.group,
                                                  maps.q64_tiles});
   BackwardKernel<<<blocks, kThreads, kBackwardSmemBytes, s>>>(maps);
   why = Launched("the backward's launch");
-  if (!why.empty() || HA_DQ_IN_KERNEL) return why;
+  if (!why.empty()) return why;
   const int64_t units = a.batch * maps.q64_tiles * a.heads * 32 * 8;  // DqKernel's: row pairs x column groups
   DqKernel<<<static_cast<unsigned>((units + 255) / 256), 256, 0, s>>>(
       workspace, static_cast<__nv_bfloat16*>(g.grad_q), g.grad_q_stride, maps.shape.seq, maps.shape.heads,

@@ -58,7 +58,7 @@ struct HopperAttentionGradientOperands {
   void* grad_v = nullptr;  // like v
   int64_t grad_q_stride = 0, grad_k_stride = 0, grad_v_stride = 0;
   // Scratch of HopperAttentionWorkspaceBytes(batch, seq, heads) bytes,
-  // 16-byte aligned: dQ's float32 sums, their arrivals and each row's dO.O.
+  // 16-byte aligned: dQ's float32 sums and each row's dO.O.
   void* workspace = nullptr;
   // Optional, both or neither: q and k are the rotary embedding's output
   // (rope.cu's rotate_half formula, element i of a head paired with i + 64),
@@ -72,8 +72,7 @@ struct HopperAttentionGradientOperands {
 };
 
 // The backward's scratch: float32 dQ sums for every 64 query rows of a head
-// (padded to whole tiles), an int a tile (its arrivals) and a float a row and
-// head.
+// (padded to whole tiles) and a float a row and head.
 [[nodiscard]] int64_t HopperAttentionWorkspaceBytes(int64_t batch, int64_t seq, int64_t heads);
 
 // Whether the current device is a Hopper GPU (compute capability 9.0).
@@ -90,9 +89,9 @@ struct HopperAttentionGradientOperands {
 // hopper_attention.cu) and loops over the query heads that share a kv head
 // and their query tiles of 64 rows at or past the keys (causal), so the
 // grouped heads' dK and dV are summed in registers; dQ's partial products are
-// added by atomics onto float32 sums, converted to bf16 at the end (built
-// with HA_DQ_IN_KERNEL=1, by the block that adds a tile's last sums, counted
-// in the workspace: three launches). "" on success, or why it did not launch.
+// added by atomics onto float32 sums, converted to bf16 by a launch after it
+// (four launches: the sums zeroed, dO.O, the main kernel, the conversion).
+// "" on success, or why it did not launch.
 [[nodiscard]] std::string HopperAttentionBackward(const HopperAttentionGradientOperands& operands, void* stream);
 
 }  // namespace trainerd::kernels

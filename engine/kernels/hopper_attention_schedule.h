@@ -49,12 +49,6 @@ struct BackwardSegment {
 // 128-key tiles a sequence.
 TRAINERD_SCHEDULE_FN int BackwardKvTiles(const BackwardShape& s) { return (s.q64_tiles + 1) / 2; }
 
-// Steps that add onto query tile i's dQ sums, per query head and sequence:
-// one for each key tile j at or before it (first_i = 2 j <= i). The block
-// whose step is the tile's last of these converts its sums (the kernel
-// counts them in the workspace).
-TRAINERD_SCHEDULE_FN int BackwardStepsOfTile(int i) { return i / 2 + 1; }
-
 // The launch's blocks.
 TRAINERD_SCHEDULE_FN int BackwardSlots(const BackwardShape& s) {
   const int groups = s.batch * s.kv_heads, kv_tiles = BackwardKvTiles(s);

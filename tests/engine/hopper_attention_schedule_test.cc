@@ -4,9 +4,7 @@
 // (sequence, kv head) groups, an odd number of key tiles, one key tile):
 // every (sequence, kv head, key tile) is one slot's segment exactly once,
 // every segment walks each of its (query head, query tile) steps exactly once
-// in the documented order, each query tile of each head is the step of as
-// many segments as its dQ conversion counts, and the slots' steps are equal
-// (the waves even).
+// in the documented order, and the slots' steps are equal (the waves even).
 #include "engine/kernels/hopper_attention_schedule.h"
 
 #include <map>
@@ -88,34 +86,6 @@ TEST(HopperAttentionSchedule, EverySegmentOnceAndEveryStepOnce) {
       }
     }
     EXPECT_EQ(static_cast<int>(seen.size()), c.batch * c.kv_heads * kv_tiles) << "every key tile of every group";
-  }
-}
-
-// Every (sequence, query head, query tile) is the step of as many segments
-// as BackwardStepsOfTile says: the count the kernel waits for before it
-// converts the tile's dQ sums (fewer would convert them early, more never).
-TEST(HopperAttentionSchedule, EachTileHasTheStepsItsConversionCounts) {
-  for (const Case& c : Cases()) {
-    SCOPED_TRACE(Name(c));
-    const BackwardShape shape = ShapeOf(c);
-    std::map<std::tuple<int, int, int>, int> arrivals;  // (batch, query head, tile): steps
-    for (int slot = 0; slot < kernels::BackwardSlots(shape); ++slot) {
-      int count = 0;
-      kernels::SegmentOf(slot, 0, shape, &count);
-      for (int m = 0; m < count; ++m) {
-        const BackwardSegment seg = kernels::SegmentOf(slot, m, shape, &count);
-        BackwardStep step(seg, shape.q64_tiles);
-        for (int n = 0; n < seg.steps; ++n, step.Next(seg, c.group)) {
-          ++arrivals[{seg.batch, seg.kv_head * c.group + step.hh, step.i}];
-        }
-      }
-    }
-    EXPECT_EQ(static_cast<int>(arrivals.size()), c.batch * c.kv_heads * c.group * shape.q64_tiles)
-        << "every tile of every query head";
-    for (const auto& [tile, steps] : arrivals) {
-      EXPECT_EQ(steps, kernels::BackwardStepsOfTile(std::get<2>(tile)))
-          << "batch " << std::get<0>(tile) << " head " << std::get<1>(tile) << " tile " << std::get<2>(tile);
-    }
   }
 }
 
