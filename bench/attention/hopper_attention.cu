@@ -28,8 +28,8 @@
 // reference's norm or an element is off by 5e-2 of its largest.
 // time: milliseconds a call and TFLOP/s by the bench's formula (a causal
 // forward 2 b h s^2 d, the backward 2.5 times that; bench/speed/NOTES.md),
-// after a warm-up; the backward's call is all its launches (dQ's sums
-// zeroed, dO.O, the main kernel, dQ's conversion).
+// after a warm-up; the backward's call is all its launches (dO.O with dQ's
+// sums zeroed, the main kernel, dQ's conversion).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 

@@ -367,10 +367,16 @@ struct BackwardMaps {
 };
 
 // D = dO.O for each (token, head): 16 lanes a pair (two a warp), eight
-// elements (16 bytes of each operand) a lane.
+// elements (16 bytes of each operand) a lane. The same launch zeroes dQ's
+// float32 sums (zero_vectors float4s from zero), spread evenly over its
+// threads: a launch fewer than a memset before it, the same bytes.
 __global__ void DotKernel(const __nv_bfloat16* __restrict__ grad_o, int64_t grad_o_stride,
                           const __nv_bfloat16* __restrict__ o, int64_t o_stride, float* __restrict__ dot, int seq,
-                          int heads, int64_t pairs) {
+                          int heads, int64_t pairs, float4* __restrict__ zero, int64_t zero_vectors) {
+  const int64_t threads = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; v < zero_vectors; v += threads) {
+    zero[v] = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
   const int64_t pair = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 16;
   const int lane = threadIdx.x % 16;
   const bool valid = pair < pairs;  // the whole warp stays for the shuffles
@@ -872,12 +878,13 @@ std::string HopperAttentionBackward(const HopperAttentionGradientOperands& g, vo
   maps.shape = ShapeOf(a);
   maps.q64_tiles = static_cast<int>(Q64Tiles(a.seq));
 
-  if (cudaMemsetAsync(workspace, 0, sums * 4, s) != cudaSuccess) return Launched("zeroing dQ's sums");
   const int64_t pairs = a.batch * a.seq * a.heads;
+  static_assert(kDqTileFloats % 4 == 0, "dQ's sums are whole float4s");
   DotKernel<<<static_cast<unsigned>((pairs * 16 + 255) / 256), 256, 0, s>>>(
       static_cast<const __nv_bfloat16*>(g.grad_o), g.grad_o_stride, static_cast<const __nv_bfloat16*>(a.o),
-      a.o_stride, workspace + sums, maps.shape.seq, maps.shape.heads, pairs);
-  why = Launched("dO.O's launch");
+      a.o_stride, workspace + sums, maps.shape.seq, maps.shape.heads, pairs, reinterpret_cast<float4*>(workspace),
+      sums / 4);
+  why = Launched("dO.O's launch (and dQ's sums zeroed)");
   if (!why.empty()) return why;
   const int blocks = BackwardSlots(BackwardShape{maps.shape.batch, maps.shape.kv_heads, maps.shape.group,
                                                  maps.q64_tiles});

@@ -83,14 +83,13 @@ struct HopperAttentionGradientOperands {
 // error: nothing was written then.
 [[nodiscard]] std::string HopperAttentionForward(const HopperAttentionOperands& operands, void* stream);
 
-// Launches the backward on `stream` (asynchronous; four launches: zeroing
-// dQ's sums, dO.O a row, the main kernel, dQ's conversion). The main kernel
+// Launches the backward on `stream` (asynchronous; three launches: dO.O a
+// row with dQ's sums zeroed, the main kernel, dQ's conversion). The main kernel
 // takes a block for each pair of 128-key tiles of two kv heads (slots, in
 // hopper_attention.cu) and loops over the query heads that share a kv head
 // and their query tiles of 64 rows at or past the keys (causal), so the
 // grouped heads' dK and dV are summed in registers; dQ's partial products are
-// added by atomics onto float32 sums, converted to bf16 by a launch after it
-// (four launches: the sums zeroed, dO.O, the main kernel, the conversion).
+// added by atomics onto float32 sums, converted to bf16 by a launch after it.
 // "" on success, or why it did not launch.
 [[nodiscard]] std::string HopperAttentionBackward(const HopperAttentionGradientOperands& operands, void* stream);
 
