@@ -56,7 +56,6 @@ int main(int argc, char** argv) {
   std::uniform_real_distribution<double> jitter(0.0, 0.5);
   // (sequence, head, query tile) -> its last contribution: (time, slot, step).
   std::map<std::tuple<int, int, int>, std::tuple<double, int, int>> last;
-  std::map<std::tuple<int, int, int>, int> contributions;
   for (int slot = 0; slot < slots; ++slot) {
     int segments = 0, n = 0;
     SegmentOf(slot, 0, shape, &segments);
@@ -68,7 +67,6 @@ int main(int argc, char** argv) {
         const auto at = std::make_tuple(n + jitter(random), slot, n);
         auto [it, inserted] = last.emplace(tile, at);
         if (!inserted && std::get<0>(at) > std::get<0>(it->second)) it->second = at;
-        ++contributions[tile];
       }
     }
   }
