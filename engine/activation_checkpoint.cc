@@ -49,9 +49,7 @@ LlamaModel::LayerInputs LoadInputs(AutogradContext* ctx) {
 }
 
 // Input: the layer's input h, summed (the residual stream's base + delta),
-// and the anchor; outputs: the layer's residual stream (base, delta), or base
-// alone where the layer summed it (delta undefined: autograd takes no
-// undefined output).
+// and the anchor; outputs: the layer's residual stream (base, delta).
 class CheckpointedLayerFunction : public torch::autograd::Function<CheckpointedLayerFunction> {
  public:
   // `anchor` is a 0-dim tensor that requires grad, so that the outputs require
@@ -64,7 +62,6 @@ class CheckpointedLayerFunction : public torch::autograd::Function<CheckpointedL
     SaveInputs(ctx, in);
     ctx->save_for_backward({h});
     const LlamaModel::Residual out = model->LayerForward(static_cast<size_t>(index), {h, {}}, in);
-    if (!out.delta.defined()) return {out.base};
     return {out.base, out.delta};
   }
 
@@ -80,9 +77,9 @@ class CheckpointedLayerFunction : public torch::autograd::Function<CheckpointedL
       out = model->LayerForward(index, {h, {}}, in);
     }
     tensor_list outputs, grads;  // the outputs that got a gradient
-    for (size_t i = 0; i < grad_outputs.size() && i < 2; ++i) {
+    for (int i = 0; i < 2; ++i) {
       const torch::Tensor& produced = i == 0 ? out.base : out.delta;
-      if (grad_outputs[i].defined() && produced.defined() && produced.requires_grad()) {
+      if (grad_outputs[i].defined() && produced.requires_grad()) {
         outputs.push_back(produced);
         grads.push_back(grad_outputs[i]);
       }
@@ -102,7 +99,7 @@ LlamaModel::Residual CheckpointedLayer(const LlamaModel& model, size_t index, co
   // its own, on recomputed layers only).
   const torch::Tensor input = h.delta.defined() ? h.base + h.delta : h.base;
   const tensor_list out = CheckpointedLayerFunction::apply(input, anchor, &model, static_cast<int64_t>(index), in);
-  return {out[0], out.size() > 1 ? out[1] : torch::Tensor()};
+  return {out[0], out[1]};
 }
 
 }  // namespace trainerd::engine

@@ -17,7 +17,7 @@
 namespace trainerd::engine {
 namespace {
 
-std::atomic<int64_t> forward_runs{0}, backward_runs{0}, rope_runs{0}, add_runs{0};
+std::atomic<int64_t> forward_runs{0}, backward_runs{0}, rope_runs{0};
 
 // The settings: unset (kAutomaticLevel) on for bf16 on a Hopper GPU (level
 // 2, the rotary on), off elsewhere.
@@ -28,11 +28,6 @@ std::atomic<int>& Setting() {
 
 std::atomic<int>& RopeSetting() {
   static std::atomic<int> on{EnvironmentLevel("TRAINERD_HOPPER_ROPE", 1)};
-  return on;
-}
-
-std::atomic<int>& AddSetting() {
-  static std::atomic<int> on{EnvironmentLevel("TRAINERD_HOPPER_ADD", 1)};
   return on;
 }
 
@@ -127,7 +122,6 @@ void Launch(kernels::HopperGemmOperands o, kernels::HopperEpilogue epilogue, con
   TORCH_CHECK(error.empty(), error);
   (epilogue == kernels::HopperEpilogue::kSwiGluBackward ? backward_runs
    : epilogue == kernels::HopperEpilogue::kRope         ? rope_runs
-   : epilogue == kernels::HopperEpilogue::kAdd          ? add_runs
                                                         : forward_runs)
       .fetch_add(1, std::memory_order_relaxed);
 }
@@ -226,43 +220,6 @@ torch::Tensor ProductWithRope(const torch::Tensor& x, const torch::Tensor& w, co
 #endif
 }
 
-bool ProductPlusAddends(const torch::Tensor& out, const torch::Tensor& x, const torch::Tensor& w, bool w_transposed,
-                        const torch::Tensor& addend, const torch::Tensor& addend2) {
-#ifdef TRAINERD_WITH_HOPPER_KERNELS
-  if (!x.defined() || !AddGemmEnabled(x.device(), x.scalar_type()) || !HopperBf16Rows(x) || !HopperBf16Rows(w) ||
-      w.device() != x.device()) {
-    return false;
-  }
-  const int64_t m = x.size(0), k = x.size(1), n = w_transposed ? w.size(1) : w.size(0);
-  // (m, n) bf16 rows on x's device; an addend that shares out's memory must be out itself.
-  auto fits = [&](const torch::Tensor& t) {
-    return t.defined() && HopperBf16Rows(t) && t.device() == x.device() && t.size(0) == m && t.size(1) == n;
-  };
-  auto apart_or_same = [&](const torch::Tensor& t) {
-    return !t.is_alias_of(out) || (t.data_ptr() == out.data_ptr() && t.stride(0) == out.stride(0));
-  };
-  if ((w_transposed ? w.size(0) : w.size(1)) != k || n % 8 != 0 || !fits(out) || !fits(addend) ||
-      !apart_or_same(addend) || (addend2.defined() && (!fits(addend2) || !apart_or_same(addend2))) ||
-      !Suits(x.device(), m, n, k)) {
-    return false;
-  }
-  const c10::cuda::CUDAGuard guard(x.device());
-  kernels::HopperGemmOperands o;
-  o.addend = addend.data_ptr();
-  o.addend_stride = addend.stride(0);
-  if (addend2.defined()) {
-    o.addend2 = addend2.data_ptr();
-    o.addend2_stride = addend2.stride(0);
-  }
-  o.n = n;
-  Launch(o, kernels::HopperEpilogue::kAdd, x, w, w_transposed, out);
-  return true;
-#else
-  (void)out, (void)x, (void)w, (void)w_transposed, (void)addend, (void)addend2;
-  return false;
-#endif
-}
-
 void SetSwiGluGemm(int level) { Setting().store(level); }
 
 int SwiGluGemmLevel(const torch::Device& device, torch::ScalarType dtype) {
@@ -270,9 +227,7 @@ int SwiGluGemmLevel(const torch::Device& device, torch::ScalarType dtype) {
   return level != kAutomaticLevel ? level : AutoOn(device, dtype) ? 2 : 0;
 }
 
-EpilogueGemmCounts EpilogueGemmRuns() {
-  return {forward_runs.load(), backward_runs.load(), rope_runs.load(), add_runs.load()};
-}
+EpilogueGemmCounts EpilogueGemmRuns() { return {forward_runs.load(), backward_runs.load(), rope_runs.load()}; }
 
 void SetRopeGemm(bool on) { RopeSetting().store(on ? 1 : 0); }
 
@@ -281,20 +236,11 @@ bool RopeGemmEnabled(const torch::Device& device, torch::ScalarType dtype) {
   return on != kAutomaticLevel ? on == 1 : AutoOn(device, dtype);
 }
 
-void SetAddGemm(bool on) { AddSetting().store(on ? 1 : 0); }
-
-bool AddGemmEnabled(const torch::Device& device, torch::ScalarType dtype) {
-  (void)device, (void)dtype;  // the automatic rule: off on every device (see the header)
-  return AddSetting().load(std::memory_order_relaxed) == 1;
-}
-
 bool SwiGluGemmLevelIsAutomatic() { return Setting().load(std::memory_order_relaxed) == kAutomaticLevel; }
 bool RopeGemmIsAutomatic() { return RopeSetting().load(std::memory_order_relaxed) == kAutomaticLevel; }
-bool AddGemmIsAutomatic() { return AddSetting().load(std::memory_order_relaxed) == kAutomaticLevel; }
 
 bool EpilogueGemmSettingsGiven() {
-  return std::getenv("TRAINERD_HOPPER_GEMM") != nullptr || std::getenv("TRAINERD_HOPPER_ROPE") != nullptr ||
-         std::getenv("TRAINERD_HOPPER_ADD") != nullptr;
+  return std::getenv("TRAINERD_HOPPER_GEMM") != nullptr || std::getenv("TRAINERD_HOPPER_ROPE") != nullptr;
 }
 
 }  // namespace trainerd::engine

@@ -92,7 +92,6 @@ struct EpilogueGemmCounts {
   int64_t forward = 0;   // GateUpWithSwiGlu
   int64_t backward = 0;  // DownInputGradientWithSwiGlu
   int64_t rope = 0;      // ProductWithRope
-  int64_t add = 0;       // ProductPlusAddends
 };
 EpilogueGemmCounts EpilogueGemmRuns();
 
@@ -118,38 +117,13 @@ torch::Tensor ProductWithRope(const torch::Tensor& x, const torch::Tensor& w, co
 void SetRopeGemm(bool on);
 bool RopeGemmEnabled(const torch::Device& device, torch::ScalarType dtype);
 
-// A product added onto other matrices in its GEMM's epilogue: out = x w^T +
-// addend (+ addend2) for w (n, k) as stored, or out = x w + ... for w (k, n)
-// with w_transposed; addend (and addend2, optional) (m, n), either of them
-// out itself (the product added onto out, as cuBLAS's beta 1) or a matrix
-// that does not overlap out. The product is rounded to bf16 first (as a
-// product written and read back), the sum in float32 rounded once. Where the
-// GEMM of our own takes it (the setting on, SetAddGemm; x, w, out and the
-// addends bf16 rows on one device as for GateUpWithSwiGlu, n a multiple of
-// 8, a shape the kernel suits) it launches and returns true; else it returns
-// false and writes nothing. For o's products, which cuBLAS runs as beta-1
-// GEMMs onto their LoRA terms (engine/linear_group.h).
-bool ProductPlusAddends(const torch::Tensor& out, const torch::Tensor& x, const torch::Tensor& w, bool w_transposed,
-                        const torch::Tensor& addend, const torch::Tensor& addend2 = {});
-
-// Whether ProductPlusAddends runs, for a model of this device and dtype: from
-// the environment's TRAINERD_HOPPER_ADD ("1" on, other values off; read once)
-// or SetAddGemm, on every device; unset, off (opt-in until the 8b row
-// measures it against cuBLAS's beta 1 and the norms' adds:
-// bench/speed/NOTES.md, "o's and down's products onto their addends").
-void SetAddGemm(bool on);
-bool AddGemmEnabled(const torch::Device& device, torch::ScalarType dtype);
-
-// Whether SwiGluGemmLevel's, RopeGemmEnabled's and AddGemmEnabled's settings
-// are the automatic ones (neither in the environment nor set by
-// SetSwiGluGemm / SetRopeGemm / SetAddGemm).
+// Whether SwiGluGemmLevel's and RopeGemmEnabled's settings are the automatic
+// ones (neither in the environment nor set by SetSwiGluGemm / SetRopeGemm).
 bool SwiGluGemmLevelIsAutomatic();
 bool RopeGemmIsAutomatic();
-bool AddGemmIsAutomatic();
 
-// Whether TRAINERD_HOPPER_GEMM, TRAINERD_HOPPER_ROPE or TRAINERD_HOPPER_ADD is
-// in the environment (the worker then says where the epilogues ran, whatever
-// the device).
+// Whether TRAINERD_HOPPER_GEMM or TRAINERD_HOPPER_ROPE is in the environment
+// (the worker then says where the epilogues ran, whatever the device).
 bool EpilogueGemmSettingsGiven();
 
 }  // namespace trainerd::engine

@@ -209,20 +209,6 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
   }
 };
 
-// The gradient of a residual sum (rows, H) that a norm node outputs beside
-// its y = RMSNorm(sum) (grads = {dsum, dy}, either undefined): dsum plus the
-// norm's input gradient, in the norm's backward kernel, as the left part of
-// rows dx_spare wider (RmsNormGradients); and the weight's gradient.
-std::pair<torch::Tensor, torch::Tensor> SumGradients(const variable_list& grads, const torch::Tensor& sum,
-                                                     const torch::Tensor& w, const torch::Tensor& rstd,
-                                                     bool weight_grad, int64_t dx_spare) {
-  const torch::Tensor dsum = grads[0].defined() ? Rows(grads[0]) : torch::Tensor();  // (rows, H), rows apart
-  if (!grads[1].defined()) {  // y unused: the sum's gradient alone
-    return {dsum.defined() ? dsum : torch::zeros(sum.sizes(), sum.options()), torch::Tensor()};
-  }
-  return RmsNormGradients(grads[1], dsum, sum, w, rstd, weight_grad, dx_spare);
-}
-
 // Inputs residual, delta (..., H), weight; outputs {sum, y} (see FusedAddRmsNorm).
 class AddRmsNormFunction : public torch::autograd::Function<AddRmsNormFunction> {
  public:
@@ -253,47 +239,16 @@ class AddRmsNormFunction : public torch::autograd::Function<AddRmsNormFunction> 
     const int64_t rows = rstd.size(0), hidden = w.size(0);
     const torch::Tensor sum = saved[0].view({rows, hidden});
     const c10::cuda::CUDAGuard guard(sum.device());
-    const auto [dx, dweight] =
-        SumGradients(grads, sum, w, rstd, ctx->needs_input_grad(2), ctx->saved_data["gradient_spare"].toInt());
+    const torch::Tensor dsum = grads[0].defined() ? Rows(grads[0]) : torch::Tensor();  // (rows, H), rows apart
+    torch::Tensor dx, dweight;
+    if (!grads[1].defined()) {  // y unused: the sum's gradient alone
+      dx = dsum.defined() ? dsum : torch::zeros(sum.sizes(), sum.options());
+    } else {
+      std::tie(dx, dweight) = RmsNormGradients(grads[1], dsum, sum, w, rstd, ctx->needs_input_grad(2),
+                                               ctx->saved_data["gradient_spare"].toInt());
+    }
     const torch::Tensor shaped = dx.view(saved[0].sizes());
     return {shaped, shaped, dweight, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
-  }
-};
-
-// Input sum (..., H), the residual sum made already (by a GEMM's epilogue:
-// engine/linear_group.h, ResidualAdd), and weight; outputs {sum, y}: sum
-// itself (autograd makes it a view), so that the gradient reaching it joins
-// the norm's in this node's kernel (AddRmsNormBackward) rather than in an add
-// of autograd's.
-class SumRmsNormFunction : public torch::autograd::Function<SumRmsNormFunction> {
- public:
-  static variable_list forward(AutogradContext* ctx, const torch::Tensor& sum, const torch::Tensor& weight, double eps,
-                               int64_t spare, torch::Tensor* rstd_out, int64_t gradient_spare) {
-    const c10::cuda::CUDAGuard guard(sum.device());
-    const int64_t hidden = sum.size(-1);
-    const torch::Tensor s2 = sum.contiguous().view({-1, hidden});  // (rows, H)
-    const torch::Tensor w = weight.contiguous();
-    torch::Tensor y = WithSpareColumns(s2.size(0), hidden, spare, s2.options());
-    torch::Tensor rstd = torch::empty({s2.size(0)}, s2.options().dtype(torch::kFloat32));
-    Check(kernels::RmsNormForward(s2.data_ptr(), w.data_ptr(), y.data_ptr(), hidden + spare, rstd.data_ptr<float>(),
-                                  s2.size(0), hidden, static_cast<float>(eps), DTypeOf(sum), StreamOf(sum)));
-    ctx->save_for_backward({s2, w, rstd});
-    ctx->saved_data["gradient_spare"] = gradient_spare;
-    ctx->saved_data["sizes"] = sum.sizes().vec();
-    if (rstd_out != nullptr) *rstd_out = rstd;
-    return {sum, y.view(sum.sizes())};
-  }
-
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const variable_list saved = ctx->get_saved_variables();
-    const torch::Tensor& s2 = saved[0];
-    const torch::Tensor& w = saved[1];
-    const torch::Tensor& rstd = saved[2];
-    const c10::cuda::CUDAGuard guard(s2.device());
-    const auto [dx, dweight] =
-        SumGradients(grads, s2, w, rstd, ctx->needs_input_grad(1), ctx->saved_data["gradient_spare"].toInt());
-    return {dx.view(ctx->saved_data["sizes"].toIntVector()), dweight, torch::Tensor(), torch::Tensor(),
-            torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -499,23 +454,17 @@ torch::Tensor FusedRmsNorm(const torch::Tensor& x, const torch::Tensor& weight, 
 std::pair<torch::Tensor, torch::Tensor> FusedAddRmsNorm(const torch::Tensor& residual, const torch::Tensor& delta,
                                                         const torch::Tensor& weight, double eps, int64_t spare_columns,
                                                         torch::Tensor* rstd, int64_t gradient_spare_columns) {
+  if (!delta.defined()) return {residual, FusedRmsNorm(residual, weight, eps, spare_columns, rstd)};
 #ifdef TRAINERD_WITH_CUDA_KERNELS
-  if (KernelTensor(residual) && weight.defined() && weight.dim() == 1 && weight.size(0) == residual.size(-1) &&
-      weight.scalar_type() == residual.scalar_type() && weight.device() == residual.device()) {
-    if (!delta.defined()) {
-      const variable_list out =
-          SumRmsNormFunction::apply(residual, weight, eps, spare_columns, rstd, gradient_spare_columns);
-      return {out[0], out[1]};
-    }
-    if (delta.sizes() == residual.sizes() && delta.scalar_type() == residual.scalar_type() &&
-        delta.device() == residual.device()) {
-      const variable_list out =
-          AddRmsNormFunction::apply(residual, delta, weight, eps, spare_columns, rstd, gradient_spare_columns);
-      return {out[0], out[1]};
-    }
+  if (KernelTensor(residual) && delta.sizes() == residual.sizes() && delta.scalar_type() == residual.scalar_type() &&
+      delta.device() == residual.device() && weight.defined() && weight.dim() == 1 &&
+      weight.size(0) == residual.size(-1) && weight.scalar_type() == residual.scalar_type() &&
+      weight.device() == residual.device()) {
+    const variable_list out =
+        AddRmsNormFunction::apply(residual, delta, weight, eps, spare_columns, rstd, gradient_spare_columns);
+    return {out[0], out[1]};
   }
 #endif
-  if (!delta.defined()) return {residual, FusedRmsNorm(residual, weight, eps, spare_columns, rstd)};
   torch::Tensor sum = residual + delta;
   return {sum, FusedRmsNorm(sum, weight, eps, spare_columns, rstd)};
 }

@@ -49,13 +49,9 @@ torch::Tensor PlainRmsNorm(const torch::Tensor& x, const torch::Tensor& weight, 
 // saves sum, weight and rstd; its backward adds the gradient that reaches sum
 // (from the next residual add, or the next norm) to the norm's input
 // gradient in the same kernel, and hands that one tensor to residual and
-// delta. residual, delta: the same shape (..., H) and dtype. delta undefined
-// (residual is the sum already: a GEMM added it, engine/linear_group.h's
-// ResidualAdd): {residual, FusedRmsNorm(residual, ...)}, on the kernel path
-// as one node whose output sum is residual itself (a view), so that the
-// gradient reaching the sum still joins the norm's in its kernel. Elsewhere
-// (see above): the plain add, then FusedRmsNorm, bit-for-bit the unfused
-// computation.
+// delta. residual, delta: the same shape (..., H) and dtype. delta undefined:
+// {residual, FusedRmsNorm(residual, ...)}. Elsewhere (see above): the plain
+// add, then FusedRmsNorm, bit-for-bit the unfused computation.
 // The incoming gradient of sum may have rows wider than H (read in place).
 // gradient_spare_columns: on the kernel path, when y gets a gradient, the
 // gradient handed to residual and delta is the left part of rows that many

@@ -120,8 +120,7 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
                              const LinearGroup& group, const std::vector<double>& scaling,
                              const InputRecipe& recipe, const DropoutMasks& dropout,
                              const std::vector<double>& dropout_p, SwiGluOutput* swiglu,
-                             at::TensorList swiglu_inputs, const SwiGluInput* swiglu_handoff, QkvRope* rope,
-                             at::TensorList residual, ResidualAdd* residual_add) {
+                             at::TensorList swiglu_inputs, const SwiGluInput* swiglu_handoff, QkvRope* rope) {
     const int64_t n = x.size(0), in = group.in, cols = group.cols;
     const int64_t rank = Sum(group.ranks);
     bool any_dropout = false;
@@ -162,11 +161,6 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
     const torch::Tensor top = group.widened.narrow(0, 0, Sum(group.outs));  // [W | sB | 0]
     torch::Tensor y;  // (N, sum out)
     bool rotated = false;  // y rotated by its GEMM's epilogue (QkvRope)
-    // The residual sum (N, out) to add the product onto (ResidualAdd): a
-    // one-member group without a bias; `added` once y holds the sum.
-    const torch::Tensor onto =
-        residual.size() == 1 && group.outs.size() == 1 && !group.bias.defined() ? residual[0] : torch::Tensor();
-    bool added = false;
     // t = x A^T, each dropout member's columns from its dropped x.
     auto lora_product = [&](torch::Tensor& t_out) {
       if (!any_dropout) {
@@ -196,46 +190,21 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
                             rope->rotated_heads * rope->head_dim);
         rotated = y.defined();
       }
-      if (!y.defined() && onto.defined()) {
-        torch::Tensor sum = torch::empty({n, group.outs[0]}, x.options());
-        if (ProductPlusAddends(sum, x_ext, top, /*w_transposed=*/false, onto)) {
-          y = sum;
-          added = true;
-        }
-      }
       if (!y.defined()) {
         y = group.bias.defined() ? torch::addmm(group.bias, x_ext, top.t()) : torch::mm(x_ext, top.t());
       }
     } else {
       // No room left by the producer (attention's output, for o; cols > 0,
       // so rank > 0): the LoRA term first, t (sB)^T by a thin product, then
-      // x W^T added onto it in the frozen GEMM's epilogue (ours where it
-      // takes the product, ProductPlusAddends; else cuBLAS's beta 1), instead
+      // x W^T added onto it in the frozen GEMM's epilogue (beta 1), instead
       // of copying x into a widened buffer. The LoRA term is rounded to the
       // model dtype once more than in the widened product.
       t = torch::empty({n, rank}, x.options());
       lora_product(t);
       const torch::Tensor sb_t = top.narrow(1, in, rank).t();
       y = group.bias.defined() ? torch::addmm(group.bias, t, sb_t) : torch::mm(t, sb_t);
-      const torch::Tensor frozen = top.narrow(1, 0, in);
-      if (onto.defined()) {
-        torch::Tensor sum = torch::empty({n, group.outs[0]}, x.options());
-        if (ProductPlusAddends(sum, x, frozen, /*w_transposed=*/false, y, onto)) {
-          y = sum;
-          added = true;
-        }
-      }
-      if (!added && !ProductPlusAddends(y, x, frozen, /*w_transposed=*/false, y)) y.addmm_(x, frozen.t());
+      y.addmm_(x, top.narrow(1, 0, in).t());
     }
-    // On the CPU the residual add is a pass of its own either way: after the
-    // product, so that CPU runs take the same path through autograd.
-    if (onto.defined() && !added && !x.is_cuda()) {
-      y.add_(onto);
-      added = true;
-    }
-    ctx->saved_data["residual_added"] = added;
-    ctx->saved_data["residual_given"] = static_cast<int64_t>(residual.size());
-    if (residual_add != nullptr) residual_add->done = added;
     if (rope != nullptr) {
       if (!rotated) RotateHeadsInPlace(y, rope->rotated_heads, rope->head_dim, rope->positions, rope->inv_freq);
       rope->done = true;
@@ -417,11 +386,9 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
       if (rank > 0) u = torch::mm(g, top.narrow(1, in, rank));
       if (need_x && rank > 0 && !any_dropout) {
         // u A first (a thin product), then g W added onto it in the GEMM's
-        // epilogue (ours or cuBLAS's beta 1, as in the forward): no pass over
-        // the input gradient afterwards.
+        // epilogue (beta 1): no pass over the input gradient afterwards.
         grad_x = torch::mm(u, a_cat);
-        const torch::Tensor frozen = top.narrow(1, 0, in);
-        if (!ProductPlusAddends(grad_x, g, frozen, /*w_transposed=*/true, grad_x)) grad_x.addmm_(g, frozen);
+        grad_x.addmm_(g, top.narrow(1, 0, in));
       } else if (need_x) {
         grad_x = torch::mm(g, top.narrow(1, 0, in));
       }
@@ -527,11 +494,6 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
     }
     result.push_back(torch::Tensor());  // swiglu_handoff
     result.push_back(torch::Tensor());  // rope
-    // residual (a list of none or one): the sum's gradient is the output's, as it comes.
-    if (ctx->saved_data["residual_given"].toInt() == 1) {
-      result.push_back(ctx->saved_data["residual_added"].toBool() && !grads.empty() ? grads[0] : torch::Tensor());
-    }
-    result.push_back(torch::Tensor());  // residual_add
     return result;
   }
 
@@ -721,9 +683,8 @@ void Widen(LinearGroup& group, const std::vector<Linear*>& members) {
 std::vector<torch::Tensor> ForwardGroup(const LinearGroup& group, const std::vector<const Linear*>& members,
                                         const torch::Tensor& x, const InputRecipe& recipe,
                                         const DropoutMasks& dropout, SwiGluOutput* swiglu,
-                                        const SwiGluInput* swiglu_input, QkvRope* rope, ResidualAdd* residual) {
+                                        const SwiGluInput* swiglu_input, QkvRope* rope) {
   std::vector<torch::Tensor> outputs;
-  if (residual != nullptr) residual->done = false;
   if (!WidenedLayoutFits(group, members)) {
     // SwiGLU's backward through its own node here: x made again with autograd.
     const torch::Tensor input = swiglu_input != nullptr ? FusedSwiGlu(swiglu_input->gate, swiglu_input->up) : x;
@@ -742,19 +703,10 @@ std::vector<torch::Tensor> ForwardGroup(const LinearGroup& group, const std::vec
   if (swiglu_input != nullptr) {
     swiglu_inputs = {swiglu_input->gate.reshape({-1, x.size(-1)}), swiglu_input->up.reshape({-1, x.size(-1)})};
   }
-  // The residual as the output's rows (N, out), where it is that shape (a
-  // list of none or one: autograd takes no undefined tensor for an input).
-  std::vector<torch::Tensor> residual_rows;
-  if (residual != nullptr && residual->residual.defined() && group.outs.size() == 1 &&
-      residual->residual.numel() == x2.size(0) * group.outs[0] &&
-      residual->residual.scalar_type() == x.scalar_type() && residual->residual.device() == x.device()) {
-    residual_rows.push_back(residual->residual.reshape({-1, group.outs[0]}));
-  }
   // With SwiGLU's inputs the node differentiates those, never x.
   tensor_list ys = WidenedGroupFunction::apply(swiglu_input != nullptr ? x2.detach() : x2, at::TensorList(lora), group,
                                                scaling, recipe, dropout, dropout_p, swiglu,
-                                               at::TensorList(swiglu_inputs), swiglu_input, rope,
-                                               at::TensorList(residual_rows), residual);
+                                               at::TensorList(swiglu_inputs), swiglu_input, rope);
   for (size_t i = 0; i < members.size(); ++i) {
     std::vector<int64_t> shape = x.sizes().vec();
     shape.back() = group.outs[i];

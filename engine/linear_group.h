@@ -200,23 +200,6 @@ struct QkvRope {
   bool done = false;
 };
 
-// The residual sum a one-member group's output is to be added onto (o's and
-// down's: the decoder's residual stream), asked of the widened node. Where
-// its GEMM takes the sum into its epilogue (engine/epilogue_gemm.h,
-// ProductPlusAddends), and on the CPU, where the add is a pass of its own
-// either way (an add after the product; so that CPU tests run this path), the
-// node returns residual + its product as its output, hands its output
-// gradient to `residual` as that input's, and sets `done`: the sum then needs
-// no add of its own and the norm after it reads one matrix instead of two
-// (FusedAddRmsNorm with no delta). Elsewhere (more members, a bias, a GPU
-// product the GEMM declines, a node that runs its members one by one) it
-// returns the product alone and leaves `done` false: the caller adds, as the
-// norm's kernel does (FusedAddRmsNorm with the output as delta).
-struct ResidualAdd {
-  torch::Tensor residual;  // (..., out), the output's shape
-  bool done = false;
-};
-
 // Each member applied to x (..., in): their outputs (..., out_i) in order, as
 // Linear::Forward gives them. On the widened node the outputs are column views
 // of one (N, sum out_i) product (row stride sum out_i); `recipe` says how x was
@@ -224,19 +207,16 @@ struct ResidualAdd {
 // the pass's draw (training) and member 0's mask number; member i's LoRA
 // dropout takes mask dropout.first + i. swiglu: SwiGLU's output asked too.
 // swiglu_input: x is SwiGLU's output of these, whose backward the node takes.
-// rope: the rotary embedding asked of the product (QkvRope). residual: the
-// output to be added onto a residual sum (ResidualAdd).
+// rope: the rotary embedding asked of the product (QkvRope).
 std::vector<torch::Tensor> ForwardGroup(const LinearGroup& group, const std::vector<const Linear*>& members,
                                         const torch::Tensor& x, const InputRecipe& recipe = {},
                                         const DropoutMasks& dropout = {}, SwiGluOutput* swiglu = nullptr,
-                                        const SwiGluInput* swiglu_input = nullptr, QkvRope* rope = nullptr,
-                                        ResidualAdd* residual = nullptr);
+                                        const SwiGluInput* swiglu_input = nullptr, QkvRope* rope = nullptr);
 inline std::vector<torch::Tensor> ForwardGroup(const GroupMembers& group, const torch::Tensor& x,
                                                const InputRecipe& recipe = {}, const DropoutMasks& dropout = {},
                                                SwiGluOutput* swiglu = nullptr,
-                                               const SwiGluInput* swiglu_input = nullptr, QkvRope* rope = nullptr,
-                                               ResidualAdd* residual = nullptr) {
-  return ForwardGroup(*group.group, group.members, x, recipe, dropout, swiglu, swiglu_input, rope, residual);
+                                               const SwiGluInput* swiglu_input = nullptr, QkvRope* rope = nullptr) {
+  return ForwardGroup(*group.group, group.members, x, recipe, dropout, swiglu, swiglu_input, rope);
 }
 
 }  // namespace trainerd::engine

@@ -262,8 +262,7 @@ LlamaModel::LayerInputs LlamaModel::PrepareAttention(int64_t b, int64_t t, const
 }
 
 torch::Tensor LlamaModel::Attention(const DecoderLayer& layer, const torch::Tensor& x, const InputRecipe& x_recipe,
-                                    const LayerInputs& in, const DropoutMasks& layer_masks,
-                                    ResidualAdd* residual) const {
+                                    const LayerInputs& in, const DropoutMasks& layer_masks) const {
   const int64_t b = x.size(0), t = x.size(1), d = config_.head_dim;
   const int64_t nh = config_.num_attention_heads, nkv = config_.num_key_value_heads;
   // With the rotary embedding in q|k|v's node (RopeGemmEnabled), the group
@@ -291,8 +290,7 @@ torch::Tensor LlamaModel::Attention(const DecoderLayer& layer, const torch::Tens
   // for its backward, and a view of the widened group's product would keep
   // all of q|k|v alive; q and k are rotated into new tensors anyway.
   auto o_proj = [&](const torch::Tensor& o) {
-    return ForwardGroup(layer.OGroup(), o, {}, {layer_masks.draw, layer_masks.first + DecoderLayer::kOFirst},
-                        nullptr, nullptr, nullptr, residual)[0];
+    return ForwardGroup(layer.OGroup(), o, {}, {layer_masks.draw, layer_masks.first + DecoderLayer::kOFirst})[0];
   };
   if (in.segments.defined()) {
     torch::Tensor q = qkv[0].view({b * t, nh, d});
@@ -369,15 +367,11 @@ LlamaModel::Residual LlamaModel::LayerForward(size_t index, const Residual& h, c
                                      &normed.norm_rstd, DownGradientSpare(index));
   normed.norm_input = sum;
   const DropoutMasks masks{&in.dropout, DecoderLayer::kModules * static_cast<int64_t>(index)};
-  // o's and down's outputs added onto the residual sum by their own nodes
-  // where they can (in the GEMM's epilogue: ResidualAdd), else by the norm
-  // after them.
-  ResidualAdd onto_sum{sum};
-  const torch::Tensor attention = Attention(layer, x, normed, in, masks, &onto_sum);
+  const torch::Tensor attention = Attention(layer, x, normed, in, masks);
   normed.norm_weight = layer.post_attention_norm;
   torch::Tensor r;
-  std::tie(r, x) = FusedAddRmsNorm(onto_sum.done ? attention : sum, onto_sum.done ? torch::Tensor() : attention,
-                                   layer.post_attention_norm, eps, layer.gate_up.spare_columns(), &normed.norm_rstd);
+  std::tie(r, x) = FusedAddRmsNorm(sum, attention, layer.post_attention_norm, eps, layer.gate_up.spare_columns(),
+                                   &normed.norm_rstd);
   normed.norm_input = r;
   // SwiGLU in gate|up's GEMM where the GEMM of our own takes it (engine/epilogue_gemm.h);
   // FusedSwiGlu's node then returns that output, else makes it.
@@ -408,16 +402,10 @@ LlamaModel::Residual LlamaModel::LayerForward(size_t index, const Residual& h, c
     }
     const SwiGluInput swiglu{gate_up[0],     gate_up[1],     made.lora_t, made.lora_b_sums, made.lora_b_filled,
                              made.rank_gate, made.rank_up};
-    ResidualAdd onto_r{r};
-    const torch::Tensor down = ForwardGroup(layer.DownGroup(), act, activated, down_masks, nullptr, &swiglu,
-                                            nullptr, &onto_r)[0];
-    return onto_r.done ? Residual{down, {}} : Residual{r, down};
+    return {r, ForwardGroup(layer.DownGroup(), act, activated, down_masks, nullptr, &swiglu)[0]};
   }
   const torch::Tensor act = FusedSwiGlu(gate_up[0], gate_up[1], layer.down.spare_columns(), made.h);
-  ResidualAdd onto_r{r};
-  const torch::Tensor down = ForwardGroup(layer.DownGroup(), act, activated, down_masks, nullptr, nullptr, nullptr,
-                                          &onto_r)[0];
-  return onto_r.done ? Residual{down, {}} : Residual{r, down};
+  return {r, ForwardGroup(layer.DownGroup(), act, activated, down_masks)[0]};
 }
 
 void LlamaModel::WidenLinearGroups() {

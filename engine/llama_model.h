@@ -177,8 +177,7 @@ class LlamaModel {
   // The residual stream between decoder layers, (B, T, H): base + delta,
   // left unsummed so that the next norm makes the sum in its own kernel
   // (FusedAddRmsNorm: no pass of its own for the add, either way). delta
-  // undefined: base alone (the embeddings, or the sum that down's GEMM made
-  // in its epilogue: engine/linear_group.h, ResidualAdd).
+  // undefined: base alone (the embeddings).
   struct Residual {
     torch::Tensor base, delta;
   };
@@ -213,11 +212,8 @@ class LlamaModel {
   explicit LlamaModel(ModelConfig config) : config_(std::move(config)) {}
   // x: the normalised layer input; x_recipe: how it was made (ForwardGroup).
   // layer_masks: the layer's LoRA dropout masks (module 0's number first).
-  // residual: the sum o's output is to be added onto, asked of o's group
-  // (ResidualAdd; `done` says whether the result is that sum).
   torch::Tensor Attention(const DecoderLayer& layer, const torch::Tensor& x, const InputRecipe& x_recipe,
-                          const LayerInputs& in, const DropoutMasks& layer_masks,
-                          ResidualAdd* residual = nullptr) const;
+                          const LayerInputs& in, const DropoutMasks& layer_masks) const;
   // The spare columns the norm after layer `index - 1` leaves in the gradient
   // of that layer's down output (LinearGroup::gradient_spare_columns); 0 for
   // index 0.

@@ -28,9 +28,9 @@ double Seconds(Clock::time_point since) {
 
 // Where passes went into the Hopper GEMM's epilogues in a step, from the
 // products counted before it: a measurement at TRAINERD_HOPPER_GEMM 1 or 2,
-// or with TRAINERD_HOPPER_ROPE=1 or TRAINERD_HOPPER_ADD=1, must say whether
-// the GEMM took them (it declines products it does not suit).
-std::string EpilogueGemmNote(const EpilogueGemmCounts& before, int level, bool rope, bool add) {
+// or with TRAINERD_HOPPER_ROPE=1, must say whether the GEMM took them (it
+// declines products it does not suit).
+std::string EpilogueGemmNote(const EpilogueGemmCounts& before, int level, bool rope) {
   const EpilogueGemmCounts now = EpilogueGemmRuns();
   auto origin = [](bool automatic) { return automatic ? " (the default here)" : ""; };
   std::string settings, ran;
@@ -43,11 +43,6 @@ std::string EpilogueGemmNote(const EpilogueGemmCounts& before, int level, bool r
     settings += std::string(settings.empty() ? "" : ", ") + "TRAINERD_HOPPER_ROPE=1" + origin(RopeGemmIsAutomatic());
     ran += std::string(ran.empty() ? "" : ", and ") + "the rotary embedding in " +
            std::to_string(now.rope - before.rope) + " q|k|v products";
-  }
-  if (add) {
-    settings += std::string(settings.empty() ? "" : ", ") + "TRAINERD_HOPPER_ADD=1" + origin(AddGemmIsAutomatic());
-    ran += std::string(ran.empty() ? "" : ", and ") + std::to_string(now.add - before.add) +
-           " products added onto others in their epilogue";
   }
   return settings + ": the first step ran " + ran +
          " of the Hopper GEMM (launches; the others declined it for their shape, dtype or device and ran cuBLAS and "
@@ -328,7 +323,6 @@ StatusOr<RunResult> Trainer::Run(const RunOptions& options) {
   const EpilogueGemmCounts epilogue_gemm_before = EpilogueGemmRuns();
   const int epilogue_level = SwiGluGemmLevel(model_.device(), model_.dtype());
   const bool epilogue_rope = RopeGemmEnabled(model_.device(), model_.dtype());
-  const bool epilogue_add = AddGemmEnabled(model_.device(), model_.dtype());
   const int64_t attention_before = HopperAttentionRuns();
 
   for (int64_t step = first_step; step < total_steps_; ++step) {
@@ -384,9 +378,9 @@ StatusOr<RunResult> Trainer::Run(const RunOptions& options) {
     pending.tokens_seen = state.tokens_seen;
 
     TRAINERD_RETURN_IF_ERROR(profiler.AfterStep(step - first_step + 1));
-    if (step == first_step && (epilogue_level > 0 || epilogue_rope || epilogue_add) &&
+    if (step == first_step && (epilogue_level > 0 || epilogue_rope) &&
         (model_.device().is_cuda() || EpilogueGemmSettingsGiven())) {
-      reporter_.OnMessage(EpilogueGemmNote(epilogue_gemm_before, epilogue_level, epilogue_rope, epilogue_add));
+      reporter_.OnMessage(EpilogueGemmNote(epilogue_gemm_before, epilogue_level, epilogue_rope));
     }
     // Where the attention kernels of our own ran (the automatic setting: bf16
     // on a Hopper GPU, heads of 128), or were asked for and did not.

@@ -122,19 +122,6 @@ __global__ void RopePass(const __nv_bfloat16* d, __nv_bfloat16* out, const int64
   *reinterpret_cast<uint4*>(out + lo + 64) = *reinterpret_cast<const uint4*>(b);
 }
 
-// The add epilogue's pass after a product: out = d + c (+ c2) in float32,
-// rounded once (the epilogue's formula), eight elements a thread.
-__global__ void AddPass(const __nv_bfloat16* d, const __nv_bfloat16* c, const __nv_bfloat16* c2,
-                        __nv_bfloat16* out, int64_t count) {
-  const int64_t i = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) * 8;
-  if (i >= count) return;
-  for (int j = 0; j < 8; ++j) {
-    float v = __bfloat162float(d[i + j]) + __bfloat162float(c[i + j]);
-    if (c2 != nullptr) v += __bfloat162float(c2[i + j]);
-    out[i + j] = __float2bfloat16_rn(v);
-  }
-}
-
 struct Buffers {
   __nv_bfloat16 *x = nullptr, *w = nullptr, *d = nullptr, *h = nullptr, *d_ref = nullptr, *h_ref = nullptr;
   // SwiGLU's backward: the forward's [gate | up] and the pass's [dgate | dup],
@@ -145,8 +132,6 @@ struct Buffers {
   int64_t* positions = nullptr;
   float* inv_freq = nullptr;
   __nv_bfloat16* rope_ref = nullptr;
-  // The add epilogue: its addends (M, N) and the pass's output.
-  __nv_bfloat16 *addend = nullptr, *addend2 = nullptr, *add_ref = nullptr;
   std::vector<__nv_bfloat16> host_x, host_w;
 };
 
@@ -190,7 +175,6 @@ Buffers Allocate(int m, int n, int k, HopperEpilogue epilogue, uint32_t seed, bo
   }
   CHECK_CUDA(cudaMalloc(&b.d, static_cast<size_t>(m) * n * (backward ? 2 : 1) * 2));
   CHECK_CUDA(cudaMalloc(&b.d_ref, static_cast<size_t>(m) * n * 2));
-  CHECK_CUDA(cudaMemset(b.d_ref, 0, static_cast<size_t>(m) * n * 2));  // a cuBLAS beta 1 reads it
   if (backward) {
     const size_t count = static_cast<size_t>(m) * 2 * n;
     CHECK_CUDA(cudaMalloc(&b.gate_up, count * 2));
@@ -201,15 +185,6 @@ Buffers Allocate(int m, int n, int k, HopperEpilogue epilogue, uint32_t seed, bo
   if (swiglu) {
     CHECK_CUDA(cudaMalloc(&b.h, static_cast<size_t>(m) * (n / 2) * 2));
     CHECK_CUDA(cudaMalloc(&b.h_ref, static_cast<size_t>(m) * (n / 2) * 2));
-  }
-  if (epilogue == HopperEpilogue::kAdd) {
-    const size_t count = static_cast<size_t>(m) * n;
-    CHECK_CUDA(cudaMalloc(&b.addend, count * 2));
-    CHECK_CUDA(cudaMalloc(&b.addend2, count * 2));
-    CHECK_CUDA(cudaMalloc(&b.add_ref, count * 2));
-    Fill<<<static_cast<unsigned>((count + 255) / 256), 256>>>(b.addend, count, seed + 3, 1.0f);
-    Fill<<<static_cast<unsigned>((count + 255) / 256), 256>>>(b.addend2, count, seed + 4, 1.0f);
-    CHECK_CUDA(cudaGetLastError());
   }
   if (epilogue == HopperEpilogue::kRope) {
     std::vector<int64_t> positions(m);
@@ -226,8 +201,7 @@ Buffers Allocate(int m, int n, int k, HopperEpilogue epilogue, uint32_t seed, bo
 }
 
 void Free(Buffers& b) {
-  for (__nv_bfloat16* p : {b.x, b.w, b.d, b.h, b.d_ref, b.h_ref, b.gate_up, b.grad_ref, b.rope_ref, b.addend,
-                           b.addend2, b.add_ref}) {
+  for (__nv_bfloat16* p : {b.x, b.w, b.d, b.h, b.d_ref, b.h_ref, b.gate_up, b.grad_ref, b.rope_ref}) {
     if (p != nullptr) CHECK_CUDA(cudaFree(p));
   }
   if (b.positions != nullptr) CHECK_CUDA(cudaFree(b.positions));
@@ -299,11 +273,6 @@ struct Case {
   int m, n, k;
   int rotate_columns = 0;  // rotary: q's and k's columns
   bool lora_sums = false;  // SwiGLU's backward: with LoRA's sums (ranks 16 + 16 of gate|up's t, 16 of down's u)
-  float cublas_beta = 0;   // cuBLAS's side: D = X W^T + beta D (the engine's addmm_ onto a product, beta 1)
-  // The add epilogue: ours adds onto D itself (C = D, as the engine's addmm_
-  // onto a product) rather than onto a separate addend; and a second addend.
-  bool add_in_place = false;
-  bool second_addend = false;
 };
 
 // One product: ours, or cuBLAS's (plus the SwiGLU pass where the case has it
@@ -369,12 +338,6 @@ struct Contest {
       o.rank_h = 16;
       o.lora_a_sums = lora_sums + static_cast<int64_t>(32) * c.n;
     }
-    if (c.epilogue == HopperEpilogue::kAdd) {
-      o.addend = c.add_in_place ? b.d : b.addend;
-      o.addend_stride = c.n;
-      o.addend2 = c.second_addend ? b.addend2 : nullptr;
-      o.addend2_stride = c.n;
-    }
     o.m = c.m;
     o.n = c.n;
     o.k = c.k;
@@ -389,13 +352,13 @@ struct Contest {
   // (k, n) column-major (op T), W^T (k, n) row-major being (n, k) (op N).
   void Cublas(cudaStream_t stream) {
     cublasSetStream(handle, stream);
-    const float one = 1.0f, beta = c.cublas_beta;
+    const float one = 1.0f, zero = 0.0f;
     const cublasStatus_t s =
         c.w_transposed
             ? cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, c.n, c.m, c.k, &one, w_t, CUDA_R_16BF, c.n, b.x,
-                           CUDA_R_16BF, c.k, &beta, b.d_ref, CUDA_R_16BF, c.n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT)
+                           CUDA_R_16BF, c.k, &zero, b.d_ref, CUDA_R_16BF, c.n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT)
             : cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, c.n, c.m, c.k, &one, b.w, CUDA_R_16BF, c.k, b.x,
-                           CUDA_R_16BF, c.k, &beta, b.d_ref, CUDA_R_16BF, c.n, CUBLAS_COMPUTE_32F,
+                           CUDA_R_16BF, c.k, &zero, b.d_ref, CUDA_R_16BF, c.n, CUBLAS_COMPUTE_32F,
                            CUBLAS_GEMM_DEFAULT);
     if (s != CUBLAS_STATUS_SUCCESS) {
       std::fprintf(stderr, "cublasGemmEx failed: %d\n", static_cast<int>(s));
@@ -404,13 +367,6 @@ struct Contest {
   }
 
   void Pass(cudaStream_t stream) {
-    if (c.epilogue == HopperEpilogue::kAdd) {
-      const int64_t count = static_cast<int64_t>(c.m) * c.n;
-      AddPass<<<static_cast<unsigned>((count / 8 + 255) / 256), 256, 0, stream>>>(
-          b.d_ref, b.addend, c.second_addend ? b.addend2 : nullptr, b.add_ref, count);
-      CHECK_CUDA(cudaGetLastError());
-      return;
-    }
     if (c.epilogue == HopperEpilogue::kRope) {
       const int64_t threads = static_cast<int64_t>(c.m) * (c.n / 128) * 8;
       RopePass<<<static_cast<unsigned>((threads + 255) / 256), 256, 0, stream>>>(
@@ -430,11 +386,8 @@ struct Contest {
 
   // The contestants timed against each other: ours (0), cuBLAS's GEMM (1)
   // and, where the case has an epilogue (SwiGLU's forward or backward, the
-  // rotary, the addends), the pass after it (2); an add case measured
-  // against cuBLAS's beta 1 (the engine's addmm_) has no pass.
-  int Contestants() const {
-    return c.epilogue == HopperEpilogue::kPlain || (c.epilogue == HopperEpilogue::kAdd && c.cublas_beta != 0) ? 2 : 3;
-  }
+  // rotary), the pass after it (2).
+  int Contestants() const { return c.epilogue == HopperEpilogue::kPlain ? 2 : 3; }
   void Launch(int who, cudaStream_t stream) {
     if (who == 0) Ours(stream);
     if (who == 1) Cublas(stream);
@@ -494,35 +447,11 @@ bool CheckRope(const Case& c) {
   return ok;
 }
 
-// The add epilogue: ours against cuBLAS's product and the pass after it
-// (the product's own rounding is checked by the plain cases). In place, D
-// starts as the addend's copy.
-bool CheckAdd(const Case& c) {
-  const size_t count = static_cast<size_t>(c.m) * c.n;
-  Contest t(c, /*on_device=*/false);
-  if (c.add_in_place) {
-    CHECK_CUDA(cudaMemcpy(t.b.d, t.b.addend, count * 2, cudaMemcpyDeviceToDevice));
-  } else {
-    CHECK_CUDA(cudaMemset(t.b.d, 0xFF, count * 2));  // NaNs where nothing is written
-  }
-  t.Ours(nullptr);
-  t.Cublas(nullptr);
-  t.Pass(nullptr);
-  CHECK_CUDA(cudaDeviceSynchronize());
-  const Comparison cd = Compare(Download(t.b.d, count), Download(t.b.add_ref, count));
-  const bool ok = !cd.nan && cd.worst_relative < 1e-2 && cd.share_off < 1e-3;
-  std::printf("check %-22s %5d x %5d x %5d (%s%s): D worst %.2e of max, %.4f%% off by > 2 ulp%s %s\n", c.name, c.m,
-              c.n, c.k, c.add_in_place ? "in place" : "onto an addend", c.second_addend ? ", two" : "",
-              cd.worst_relative, 100 * cd.share_off, cd.nan ? ", NaN" : "", ok ? "ok" : "FAILED");
-  return ok;
-}
-
 bool Check(const Case& c) {
   const bool swiglu = c.epilogue == HopperEpilogue::kSwiGlu;
   const int m = c.m, n = c.n, k = c.k;
   if (c.epilogue == HopperEpilogue::kSwiGluBackward) return CheckBackward(c);
   if (c.epilogue == HopperEpilogue::kRope) return CheckRope(c);
-  if (c.epilogue == HopperEpilogue::kAdd) return CheckAdd(c);
   Contest t(c, /*on_device=*/false);
   CHECK_CUDA(cudaMemset(t.b.d, 0xFF, static_cast<size_t>(m) * n * 2));  // NaNs where nothing is written
   if (swiglu) CHECK_CUDA(cudaMemset(t.b.h, 0xFF, static_cast<size_t>(m) * (n / 2) * 2));
@@ -546,12 +475,12 @@ bool Check(const Case& c) {
   return ok;
 }
 
-// Milliseconds a launch: ours, cuBLAS's GEMM, and (an epilogue) the pass after it,
+// Milliseconds a launch: ours, cuBLAS's GEMM, and (SwiGLU) the pass after it,
 // alternating in rounds so that all see the same clocks (the card runs GEMMs
 // at its power limit).
 void Time(const Case& c) {
+  const bool swiglu = c.epilogue != HopperEpilogue::kPlain;
   Contest t(c, /*on_device=*/true);
-  const bool with_pass = t.Contestants() > 2;
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreate(&stream));
   cudaEvent_t start, stop;
@@ -574,8 +503,8 @@ void Time(const Case& c) {
   std::printf("time %-22s %5d x %5d x %5d: ours %.3f ms (%.0f TFLOP/s), cuBLAS %.3f ms (%.0f): ours/cuBLAS %.3f",
               c.name, c.m, c.n, c.k, ms_each[0], flops / ms_each[0] / 1e9, ms_each[1], flops / ms_each[1] / 1e9,
               ms_each[0] / ms_each[1]);
-  if (with_pass) {
-    std::printf("; the pass %.3f ms: ours/(cuBLAS + pass) %.3f", ms_each[2],
+  if (swiglu) {
+    std::printf("; SwiGLU pass %.3f ms: ours/(cuBLAS + pass) %.3f", ms_each[2],
                 ms_each[0] / (ms_each[1] + ms_each[2]));
   }
   std::printf("\n");
@@ -634,8 +563,7 @@ int main(int argc, char** argv) {
   std::printf("%s, %d SMs, sm_%d%d; kernel: %s\n", prop.name, prop.multiProcessorCount, prop.major, prop.minor,
               trainerd::kernels::HopperGemmBuild().c_str());
   constexpr HopperEpilogue kPlain = HopperEpilogue::kPlain, kSwiGlu = HopperEpilogue::kSwiGlu,
-                           kBackward = HopperEpilogue::kSwiGluBackward, kRope = HopperEpilogue::kRope,
-                           kAdd = HopperEpilogue::kAdd;
+                           kBackward = HopperEpilogue::kSwiGluBackward, kRope = HopperEpilogue::kRope;
   bool ok = true;
   if (what == "all" || what == "check") {
     // Tails in every dimension (M, N not tile multiples; K not a k-slice
@@ -653,11 +581,6 @@ int main(int argc, char** argv) {
         // Rotary: rows past 2048 (positions wrap), a row tail, a rotated
         // region ending inside a tile (a head of q|k then one of v), none of v.
         {"rope", kRope, false, 2100, 768, 4128, 640}, {"rope", kRope, false, 300, 384, 256, 384},
-        // Addends: onto D itself, onto another and onto two, W either way, tails.
-        {"add", kAdd, false, 1000, 1000, 1000, 0, false, 0, true},
-        {"add", kAdd, true, 1000, 1000, 1000, 0, false, 0, false},
-        {"add", kAdd, false, 2048, 4096, 4096, 0, false, 0, false, true},
-        {"add", kAdd, true, 129, 264, 4096, 0, false, 0, true, true},
     };
     for (const Case& c : checks) ok = Check(c) && ok;
   }
@@ -682,15 +605,6 @@ int main(int argc, char** argv) {
         {"dh of down with SwiGLU backward (W^T)", kBackward, true, 8192, 14336, 4112},
         {"dh of down with SwiGLU backward and LoRA's sums (W^T)", kBackward, true, 8192, 14336, 4112, 0, true},
         {"square 8192", kPlain, false, 8192, 8192, 8192},
-        // o's products: the forward's x W^T added onto the LoRA term (beta 1),
-        // and the input gradient g W added onto u A (beta 1), beside beta 0.
-        {"o", kPlain, false, 8192, 4096, 4096},
-        {"o added onto D", kAdd, false, 8192, 4096, 4096, 0, false, 1.0f, true},
-        {"dx of o (W^T)", kPlain, true, 8192, 4096, 4096},
-        {"dx of o (W^T) added onto D", kAdd, true, 8192, 4096, 4096, 0, false, 1.0f, true},
-        // o and down onto the residual and (o) its LoRA term: D = X W^T + C (+ C2), against cuBLAS and the pass.
-        {"o onto two addends", kAdd, false, 8192, 4096, 4096, 0, false, 0, false, true},
-        {"down onto an addend", kAdd, false, 8192, 4096, 14352, 0, false, 0, false, false},
     };
     // NAME PART: the case of that name if there is one, else every case whose name holds it.
     const bool exact =

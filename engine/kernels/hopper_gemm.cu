@@ -202,10 +202,6 @@ struct GemmMaps {
   int rank_gate, rank_up, rank_h;
   float* lora_b_sums;
   float* lora_a_sums;
-  // kAdd: the addends (HopperGemmOperands::addend*), the second null where not given.
-  const __nv_bfloat16* addend;
-  const __nv_bfloat16* addend2;
-  int64_t addend_stride, addend2_stride;
 };
 
 // The rotary embedding over one 16-byte unit of a head's first half (a: 8
@@ -258,30 +254,6 @@ __device__ __forceinline__ uint4 SwiGlu8(const uint4& gate, const uint4& up) {
   for (int e = 0; e < 4; ++e) {
     const float2 gf = __bfloat1622float2(g2[e]), uf = __bfloat1622float2(u2[e]);
     o[e] = PackBf16(Silu(gf.x) * uf.x, Silu(gf.y) * uf.y);
-  }
-  return out;
-}
-
-// d + c (+ c2) on 8 elements in float32, rounded once: the add epilogue.
-template <bool kSecond>
-__device__ __forceinline__ uint4 Add8(const uint4& d, const uint4& c, const uint4& c2) {
-  const auto* d2 = reinterpret_cast<const __nv_bfloat162*>(&d);
-  const auto* a2 = reinterpret_cast<const __nv_bfloat162*>(&c);
-  const auto* b2 = reinterpret_cast<const __nv_bfloat162*>(&c2);
-  uint4 out;
-  uint32_t* o = reinterpret_cast<uint32_t*>(&out);
-#pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    float2 v = __bfloat1622float2(d2[e]);
-    const float2 a = __bfloat1622float2(a2[e]);
-    v.x += a.x;
-    v.y += a.y;
-    if (kSecond) {
-      const float2 b = __bfloat1622float2(b2[e]);
-      v.x += b.x;
-      v.y += b.y;
-    }
-    o[e] = PackBf16(v.x, v.y);
   }
   return out;
 }
@@ -415,7 +387,6 @@ __global__ void __launch_bounds__(kThreads, 1) GemmKernel(const __grid_constant_
   static_assert(!(kWTransposed && kEpilogue == HopperEpilogue::kRope), "the rotary epilogue takes W as stored");
   constexpr bool kBackward = kEpilogue == HopperEpilogue::kSwiGluBackward;
   constexpr bool kRope = kEpilogue == HopperEpilogue::kRope;
-  constexpr bool kAdd = kEpilogue == HopperEpilogue::kAdd;
   // setmaxnreg moves registers between the block's own warpgroups: what the
   // producer gives up is all the consumers can take, out of the launch's
   // kLaunchRegisters a thread (not the SM's 65,536: a split that needs more
@@ -425,12 +396,12 @@ __global__ void __launch_bounds__(kThreads, 1) GemmKernel(const __grid_constant_
   // With LoRA's sums, HG_LORA_REGISTERS for the producer's warpgroup and
   // the rest, a multiple of 8, for the consumers'.
   constexpr int kProducerRegisters =
-      kLoraSums ? HG_LORA_REGISTERS : kBackward ? (HG_BACKWARD_UNITS > 2 ? 112 : 72) : kRope || kAdd ? 72 : 40;
+      kLoraSums ? HG_LORA_REGISTERS : kBackward ? (HG_BACKWARD_UNITS > 2 ? 112 : 72) : kRope ? 72 : 40;
   constexpr int kConsumerRegisters =
       kLoraSums ? (kThreads * kLaunchRegisters - 128 * HG_LORA_REGISTERS) / 256 / 8 * 8
-      : kBackward      ? (HG_BACKWARD_UNITS > 2 ? 192 : 216)
-      : kRope || kAdd  ? 216
-                       : 232;
+      : kBackward ? (HG_BACKWARD_UNITS > 2 ? 192 : 216)
+      : kRope     ? 216
+                  : 232;
   static_assert(128 * kProducerRegisters + 256 * kConsumerRegisters <= kThreads * kLaunchRegisters,
                 "the warpgroups' registers over the launch's");
   extern __shared__ uint8_t raw_smem[];
@@ -513,43 +484,8 @@ __global__ void __launch_bounds__(kThreads, 1) GemmKernel(const __grid_constant_
           FenceAsyncShared();
           NamedBarrier(3, 96);
         }
-        if (kAdd) {
-          // The addends' 16-byte units added onto the tile's, unit q of the
-          // tile as SwiGLU's backward numbers them (a row's eight units on
-          // consecutive threads: whole 128-byte lines of each addend), four
-          // a thread in flight; then the tile stored as a plain one's.
-          constexpr int kUnits = 4 * 2 * 64 * 8, kInFlight = 4;
-          const bool second = maps.addend2 != nullptr;
-#pragma unroll 1
-          for (int q = w; q < kUnits; q += kInFlight * 96) {
-            uint4 c[kInFlight], c2[kInFlight];
-            uint4* at[kInFlight];
-            bool in[kInFlight];
-#pragma unroll
-            for (int i = 0; i < kInFlight; ++i) {
-              const int qi = q + i * 96;
-              const int u = qi % 8, r = (qi / 8) % 64, half = (qi / 512) % 2, cb = qi / 1024;
-              const int at_row = row + half * 64 + r, at_col = tile.n * kBlockN + cb * 64 + u * 8;
-              at[i] = reinterpret_cast<uint4*>(chunk(cb, half) + r * 128 + ((u ^ (r % 8)) * 16));
-              in[i] = qi < kUnits && at_row < maps.m && at_col < maps.n;
-              if (in[i]) {
-                c[i] = *reinterpret_cast<const uint4*>(maps.addend + at_row * maps.addend_stride + at_col);
-                if (second) {
-                  c2[i] = *reinterpret_cast<const uint4*>(maps.addend2 + at_row * maps.addend2_stride + at_col);
-                }
-              }
-            }
-#pragma unroll
-            for (int i = 0; i < kInFlight; ++i) {
-              if (!in[i]) continue;
-              *at[i] = second ? Add8<true>(*at[i], c[i], c2[i]) : Add8<false>(*at[i], c[i], c[i]);
-            }
-          }
-          FenceAsyncShared();
-          NamedBarrier(3, 96);
-        }
-        if (kEpilogue == HopperEpilogue::kPlain || kRope || kAdd) {
-          if ((kRope || kAdd) && w != 0) continue;
+        if (kEpilogue == HopperEpilogue::kPlain || kRope) {
+          if (kRope && w != 0) continue;
 #pragma unroll
           for (int c = 0; c < 4; ++c) {
             for (int half = 0; half < 2; ++half) {
@@ -845,13 +781,6 @@ std::string HopperGemm(const HopperGemmOperands& o, HopperEpilogue epilogue, voi
     return "HopperGemm: the rotary epilogue needs W as stored, rotate_columns a multiple of 128 up to n, "
            "positions and inv_freq";
   }
-  const bool add = epilogue == HopperEpilogue::kAdd;
-  auto addend_fits = [&](const void* p, int64_t stride) { return Aligned(p) && stride % 8 == 0 && stride >= o.n; };
-  if (add && (o.n % 8 != 0 || o.addend == nullptr || !addend_fits(o.addend, o.addend_stride) ||
-              (o.addend2 != nullptr && !addend_fits(o.addend2, o.addend2_stride)))) {
-    return "HopperGemm: the add epilogue needs n a multiple of 8 and an addend (a second optional), 16-byte "
-           "aligned, rows a multiple of 8 elements apart and at least n wide";
-  }
   const int64_t w_cols = o.w_transposed ? o.n : o.k;
   const int64_t h_cols = swiglu ? o.n / 2 : 0;
   if (!Aligned(o.x) || !Aligned(o.w) || !Aligned(o.d) || (swiglu && !Aligned(o.h)) || o.x_stride % 8 != 0 ||
@@ -908,10 +837,6 @@ std::string HopperGemm(const HopperGemmOperands& o, HopperEpilogue epilogue, voi
   maps.rank_h = lora_a ? static_cast<int>(o.rank_h) : 0;
   maps.lora_b_sums = o.lora_b_sums;
   maps.lora_a_sums = o.lora_a_sums;
-  maps.addend = static_cast<const __nv_bfloat16*>(o.addend);
-  maps.addend2 = static_cast<const __nv_bfloat16*>(o.addend2);
-  maps.addend_stride = o.addend_stride;
-  maps.addend2_stride = o.addend2_stride;
   const int tiles = maps.tiles_m * maps.tiles_n;
   const int grid = std::min(tiles, device.sms);
   auto* s = static_cast<cudaStream_t>(stream);
@@ -927,10 +852,6 @@ std::string HopperGemm(const HopperGemmOperands& o, HopperEpilogue epilogue, voi
                             : Launch<HopperEpilogue::kSwiGluBackward, true>(maps, grid, s);
   }
   if (rope) return Launch<HopperEpilogue::kRope, false>(maps, grid, s);
-  if (add) {
-    return o.w_transposed ? Launch<HopperEpilogue::kAdd, true>(maps, grid, s)
-                          : Launch<HopperEpilogue::kAdd, false>(maps, grid, s);
-  }
   return o.w_transposed ? Launch<HopperEpilogue::kPlain, true>(maps, grid, s)
                         : Launch<HopperEpilogue::kPlain, false>(maps, grid, s);
 }

@@ -1,14 +1,12 @@
 // A GEMM of our own for Hopper GPUs (sm_90a: TMA and wgmma), for the 8b
 // decoder's large bf16 products: D = X W^T with float32 accumulation, W given
 // either as stored by a linear layer (n, k) or transposed (k, n), and
-// optionally SwiGLU's forward or backward, the rotary embedding or addends
-// in the epilogue. The engine runs it for the products with an epilogue
-// (engine/epilogue_gemm.h): gate|up's forward with SwiGLU's forward, down's
-// input gradient with SwiGLU's backward, q|k|v's with the rotary, and o's
-// two products added onto their LoRA terms, where the fusion saves a pass's
-// joules or the epilogue under the main loop beats cuBLAS's beta 1; a plain
-// product on it spends the same joules as cuBLAS's at the card's power cap,
-// so the others stay cuBLAS's
+// optionally SwiGLU's forward or backward in the epilogue. The engine runs it
+// for two products, behind TRAINERD_HOPPER_GEMM (engine/epilogue_gemm.h):
+// gate|up's forward with SwiGLU's forward in the epilogue, and down's input
+// gradient with SwiGLU's backward in it, where the fusion saves the SwiGLU
+// pass's joules; a plain product on it spends the same joules as cuBLAS's at
+// the card's power cap, so the others stay cuBLAS's
 // (bench/speed/NOTES.md, "The GEMMs at the power cap" and "The epilogue under
 // the main loop"). At level 3 (opt-in) down's input gradient also takes
 // LoRA's products over its rows (HopperGemmOperands::lora_*), in a kernel of
@@ -78,13 +76,6 @@ struct HopperGemmOperands {
   int64_t lora_u_stride = 0;
   int64_t rank_h = 0;
   float* lora_a_sums = nullptr;
-  // kAdd only (n a multiple of 8): the addends (m, n), rows addend_stride
-  // apart; the second optional (null). Either may be D itself (same pointer and stride): each
-  // element is read before its tile is stored.
-  const void* addend = nullptr;
-  int64_t addend_stride = 0;
-  const void* addend2 = nullptr;
-  int64_t addend2_stride = 0;
   int64_t m = 0, n = 0, k = 0;
 };
 
@@ -108,11 +99,6 @@ enum class HopperEpilogue {
   // (engine/kernels/rope.cu). rotate_columns a multiple of 128, at most n;
   // W as stored (not transposed).
   kRope,
-  // D = X W^T + C (+ C2): the product rounded to bf16 (as a product written
-  // and read back would be), the addends added to it in float32 and the sum
-  // rounded once. W as stored or transposed. For a product added onto
-  // another (C = D: cuBLAS's beta 1) or onto a residual (C != D).
-  kAdd,
 };
 
 // Whether the current device is a Hopper GPU (compute capability 9.0) and an

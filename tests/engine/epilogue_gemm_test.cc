@@ -12,10 +12,6 @@
 // rotation; q|k|v's node, asked to rotate, gives FusedQkvRope's outputs and
 // gradients (on any device: the rotation in place over the product where
 // the GEMM of our own does not take it); a model trains the same with it.
-// A product added onto other matrices in its GEMM's epilogue
-// (ProductPlusAddends): onto its output itself and onto two others, W either
-// way, against torch::mm then the adds; it declines what it should; a model
-// whose o products it takes trains the same.
 // Its results against cuBLAS and the SwiGLU kernel are the point on the GPU
 // (TRAINERD_TEST_DEVICE=cuda TRAINERD_TEST_DTYPE=bfloat16 on an H100/H200); on
 // the CPU (CI) the fall-back's plumbing is what runs.
@@ -23,7 +19,6 @@
 
 #include <algorithm>
 #include <array>
-#include <cmath>
 #include <map>
 #include <memory>
 #include <string>
@@ -506,90 +501,6 @@ TEST(RopeGemm, ModelTrainsAsWithoutIt) {
   engine::SetRopeGemm(false);
   EXPECT_EQ(runs, 2) << "q|k|v of each layer";
   ExpectTrainsAs(rotated, plain, "the rotary embedding in q|k|v's GEMM against FusedQkvRope");
-}
-
-// out = x w^T + addend (+ addend2) against torch::mm and float32 adds of the
-// product rounded to the dtype (the epilogue's rounding): in place (the
-// addend out itself, as o's products use it) and onto two other matrices, W
-// as stored and transposed, x and out strided, a row tail. Declined: switched
-// off, n not a multiple of 8, an addend overlapping out without being it, a
-// product too small to fill the SMs; none of those launches.
-TEST(AddGemm, ProductPlusAddendsMatchesMmThenAdd) {
-  torch::manual_seed(43);
-  const auto opts = torch::TensorOptions().dtype(TorchTestDtype()).device(TorchTestDevice());
-  const int64_t m = 4200, k = 1000, n = 1536;
-  const torch::Tensor x = torch::randn({m, k + 24}, opts).narrow(1, 0, k);
-  const torch::Tensor w = torch::randn({n, k}, opts) * 0.03;
-  const torch::Tensor w_t = w.t().contiguous();  // (k, n)
-  const torch::Tensor c = torch::randn({m, n}, opts), c2 = torch::randn({m, n}, opts);
-  auto reference = [&](const torch::Tensor& base, const torch::Tensor& second) {
-    torch::Tensor sum = torch::mm(x, w.t()).to(torch::kFloat32) + base.to(torch::kFloat32);
-    if (second.defined()) sum = sum + second.to(torch::kFloat32);
-    return sum.to(TorchTestDtype());
-  };
-  const bool expected = Expected(m, n, k);
-  engine::SetAddGemm(false);
-  torch::Tensor out = c.clone();
-  EXPECT_FALSE(engine::ProductPlusAddends(out, x, w, false, out)) << "switched off";
-  engine::SetAddGemm(true);
-  const int64_t runs_before = engine::EpilogueGemmRuns().add;
-  const torch::Tensor w_odd = w.narrow(0, 0, n - 4);
-  torch::Tensor out_odd = torch::zeros({m, n - 4}, opts);
-  EXPECT_FALSE(engine::ProductPlusAddends(out_odd, x, w_odd, false, out_odd)) << "n not a multiple of 8";
-  const torch::Tensor wide = torch::zeros({m, n + 8}, opts);
-  EXPECT_FALSE(engine::ProductPlusAddends(wide.narrow(1, 0, n), x, w, false, wide.narrow(1, 8, n)))
-      << "an addend overlapping out";
-  torch::Tensor small = torch::zeros({256, n}, opts);
-  EXPECT_FALSE(engine::ProductPlusAddends(small, x.narrow(0, 0, 256), w, false, small)) << "too small";
-  EXPECT_EQ(engine::EpilogueGemmRuns().add, runs_before);
-  for (bool transposed : {false, true}) {
-    SCOPED_TRACE(transposed ? "W transposed" : "W as stored");
-    const torch::Tensor& weight = transposed ? w_t : w;
-    // In place: out starts as the addend, in rows wider than n.
-    torch::Tensor in_place = torch::zeros({m, n + 16}, opts).narrow(1, 0, n);
-    in_place.copy_(c);
-    const bool took = engine::ProductPlusAddends(in_place, x, weight, transposed, in_place);
-    EXPECT_EQ(took, expected);
-    if (took) {
-      EXPECT_LE(RelativeError(in_place, reference(c, {})), Tolerance()) << "in place";
-    }
-    // Onto two other matrices; they stay as they were.
-    torch::Tensor onto = torch::full({m, n}, std::nan(""), opts);
-    const bool took2 = engine::ProductPlusAddends(onto, x, weight, transposed, c, c2);
-    EXPECT_EQ(took2, expected);
-    if (took2) {
-      EXPECT_LE(RelativeError(onto, reference(c, c2)), Tolerance()) << "onto two addends";
-    }
-  }
-  engine::SetAddGemm(false);
-  EXPECT_EQ(engine::EpilogueGemmRuns().add - runs_before, expected ? 4 : 0);
-  testing::Report("products added onto others by their GEMM", engine::EpilogueGemmRuns().add - runs_before);
-}
-
-// A model whose o and down products the GEMM takes (hidden 1536: 12 heads of
-// 128, one kv head) trains the same with their additions in its epilogue:
-// o's forward onto its LoRA term and the residual sum, o's input gradient
-// onto u A, and down's forward onto the residual sum, in each layer; the loss
-// and adapter gradients as with cuBLAS's beta 1 and the adds in the norms'
-// kernels. Only where the GEMM takes these products (bf16 on a Hopper GPU).
-TEST(AddGemm, ModelTrainsAsWithoutIt) {
-  const int64_t tokens = 2 * 2048, hidden = 1536;
-  if (!Expected(tokens, hidden, hidden)) {
-    GTEST_SKIP() << "the GEMM takes no product here (it needs bf16 on a Hopper GPU)";
-  }
-  auto model = HopperSizedModel({hidden, 2048, 12, 1, 128});
-  model->set_training(true);
-  std::vector<engine::TokenExample> storage;
-  const engine::Batch batch = TwoRows(*model, storage);
-  engine::SetAddGemm(false);
-  const Trained plain = LossAndGradients(*model, batch);
-  engine::SetAddGemm(true);
-  const int64_t before = engine::EpilogueGemmRuns().add;
-  const Trained added = LossAndGradients(*model, batch);
-  const int64_t runs = engine::EpilogueGemmRuns().add - before;
-  engine::SetAddGemm(false);
-  EXPECT_EQ(runs, 6) << "o's forward and input gradient and down's forward in each layer";
-  ExpectTrainsAs(added, plain, "o's and down's products added onto their addends in the GEMM's epilogue");
 }
 
 }  // namespace

@@ -458,51 +458,6 @@ TEST(LinearGroup, WiderInputTakesTheLoraTermInItsGemm) {
   EXPECT_TRUE(torch::equal(rows.narrow(1, 11, 5), torch::zeros({5, 5}, opts))) << "the padding";
 }
 
-// A one-member group asked to add its output onto a residual sum
-// (engine::ResidualAdd), o-like (a dense input: the thin LoRA term, then the
-// frozen product onto it) and down-like (an input in rows with the group's
-// spare columns: one widened product): where it takes the add (`done`; always
-// on the CPU, where the node adds after its product) its output is residual +
-// the layer's, and the residual's gradient is the output's; the input and
-// adapter gradients are the layer's alone. Where it does not, the output is
-// the layer's alone and the residual gets no gradient from it.
-TEST(LinearGroup, AddsItsOutputOntoAResidual) {
-  torch::manual_seed(13);
-  const auto opts = torch::TensorOptions().dtype(TorchTestDtype()).device(TorchTestDevice());
-  const auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(TorchTestDevice());
-  for (int64_t in : {16, 40}) {
-    SCOPED_TRACE(in == 16 ? "a dense input" : "an input with spare columns");
-    OneLayerGroup g(16, in, 4, 2.0);
-    const torch::Tensor x0 = torch::randn({6, in}, opts), r0 = torch::randn({6, 16}, opts);
-    const torch::Tensor weights = torch::linspace(-1, 1, 16, f32);
-    auto run = [&](bool grouped, bool* done) {
-      torch::Tensor x = x0.clone().requires_grad_(), r = r0.clone().requires_grad_();
-      g.layer.lora->a.mutable_grad() = torch::Tensor();
-      g.layer.lora->b.mutable_grad() = torch::Tensor();
-      torch::Tensor y;
-      if (grouped) {
-        const torch::Tensor input = in == 40 ? testing::WideRowsFunction::apply(x, g.group.cols) : x;
-        engine::ResidualAdd add{r};
-        y = engine::ForwardGroup(g.group, {&g.widened}, input, {}, {}, nullptr, nullptr, nullptr, &add)[0];
-        *done = add.done;
-        if (!add.done) y = y + r;
-      } else {
-        y = g.layer.Forward(x) + r;
-      }
-      (y.to(torch::kFloat32) * weights).sum().backward();
-      return std::vector<torch::Tensor>{y.detach(), x.grad(), r.grad(), g.layer.lora->a.grad().clone(),
-                                        g.layer.lora->b.grad().clone()};
-    };
-    bool done = false;
-    const std::vector<torch::Tensor> plain = run(false, &done);
-    const std::vector<torch::Tensor> grouped = run(true, &done);
-    if (!TorchTestDevice().is_cuda()) {
-      EXPECT_TRUE(done) << "the CPU's add after the product";
-    }
-    ExpectSameTensors(grouped, plain);
-  }
-}
-
 // Whether the (only) tensor that holds x's storage lets it go: false while
 // something (an autograd node) still keeps it.
 bool FreedWhenDropped(torch::Tensor& x) {
