@@ -11,12 +11,16 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <type_traits>
 
 #ifndef HA_BACKWARD_STAGES
 #define HA_BACKWARD_STAGES 2  // the backward's ring of Q and dO tiles (3 fits: 194 KB)
 #endif
 #ifndef HA_STAGES
 #define HA_STAGES 2  // the forward's ring of K and V tiles (3 fits: 225 KB of shared memory)
+#endif
+#ifndef HA_DIAGONAL_SKIP
+#define HA_DIAGONAL_SKIP 1  // 0: the diagonal's wholly masked quarter computed as the rest (for comparison)
 #endif
 
 namespace trainerd::kernels {
@@ -215,14 +219,23 @@ __global__ void __launch_bounds__(kThreads, 1) ForwardKernel(const __grid_consta
 
   BarrierWait(q_full, 0);
   const uint32_t q_address = SmemAddress(q_smem + consumer * (kBoxBytes / 2));
-  // S = Q K_j^T into sc (issued and committed, not waited for).
-  auto issue_scores = [&](float (&sc)[64], int j) {
+  // S = Q K_j^T into sc (issued and committed, not waited for), over the
+  // tile's first kKeySteps * 16 keys: all 128, or 64 into sc[0..31] (groups
+  // 0-7; the rest left as they were, for the diagonal's mask to overwrite).
+  auto issue_scores = [&](float (&sc)[64], int j, auto key_steps) {
+    constexpr int kKeySteps = decltype(key_steps)::value;
     const uint32_t k_address = SmemAddress(k_smem + (j % kStages) * kKBytes);
     WgmmaFence();
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
       const uint32_t step = (kk / 4) * kBoxBytes + (kk % 4) * 32;
-      WgmmaSS(sc, DescriptorK(q_address + step), DescriptorK(k_address + step), kk > 0);
+      if constexpr (kKeySteps == kBlockKv / 16) {
+        WgmmaSS(sc, DescriptorK(q_address + step), DescriptorK(k_address + step), kk > 0);
+      } else {
+        static_assert(kKeySteps == kBlockKv / 32, "a whole tile or its first 64 keys");
+        WgmmaSS64<0, 0>(*reinterpret_cast<float(*)[32]>(&sc[0]), DescriptorK(q_address + step),
+                        DescriptorK(k_address + step), kk > 0);
+      }
     }
     WgmmaCommit();
   };
@@ -231,12 +244,15 @@ __global__ void __launch_bounds__(kThreads, 1) ForwardKernel(const __grid_consta
   // masked on the diagonal tile (which covers a last tile's keys past the
   // sequence, TMA's zeros, for every row that is stored; the rows past the
   // sequence are not); the rows' new maxima and sums, P in bf16 pairs
-  // (p[2 i + r]: group i, row half r) and the factor O must be scaled by.
-  auto softmax = [&](float (&sc)[64], int j, uint32_t (&p)[32], float (&correction)[2]) {
+  // (p[2 i + r]: group i, row half r) and the factor O must be scaled by;
+  // over the groups of the tile's first key_steps * 16 keys (the rest of sc
+  // and p neither read nor written).
+  auto softmax = [&](float (&sc)[64], int j, uint32_t (&p)[32], float (&correction)[2], auto key_steps) {
+    constexpr int kGroups = 2 * decltype(key_steps)::value;
     if (j == q_tile) {
       const int key0 = j * kBlockKv + 2 * (lane % 4);
 #pragma unroll
-      for (int i = 0; i < 16; ++i) {
+      for (int i = 0; i < kGroups; ++i) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           if (key0 + 8 * i + (e & 1) > row0 + 8 * (e >> 1)) sc[4 * i + e] = -INFINITY;
@@ -248,7 +264,7 @@ __global__ void __launch_bounds__(kThreads, 1) ForwardKernel(const __grid_consta
       // The maximum of the raw scores, scaled once (the scale is positive).
       float m = -INFINITY;
 #pragma unroll
-      for (int i = 0; i < 16; ++i) m = fmaxf(m, fmaxf(sc[4 * i + 2 * r], sc[4 * i + 2 * r + 1]));
+      for (int i = 0; i < kGroups; ++i) m = fmaxf(m, fmaxf(sc[4 * i + 2 * r], sc[4 * i + 2 * r + 1]));
       m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 1));
       m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 2));
       // Key 0 is every row's, so the maximum is finite from the first tile on.
@@ -259,7 +275,7 @@ __global__ void __launch_bounds__(kThreads, 1) ForwardKernel(const __grid_consta
     }
     // 2^(scale_log2 s - max): one FMA an element (masked: -inf, so 0).
 #pragma unroll
-    for (int i = 0; i < 16; ++i) {
+    for (int i = 0; i < kGroups; ++i) {
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const float a = Exp2(fmaf(sc[4 * i + 2 * r], maps.shape.scale_log2, -row_max[r]));
@@ -273,14 +289,15 @@ __global__ void __launch_bounds__(kThreads, 1) ForwardKernel(const __grid_consta
 #pragma unroll
     for (int i = 0; i < 64; ++i) o[i] *= correction[(i >> 1) & 1];
   };
-  // O += P V_j (issued and committed, not waited for). Keys 16 kk .. + 15
-  // are groups 2 kk (pairs p[4 kk], p[4 kk + 1]) and 2 kk + 1 (p[4 kk + 2],
-  // p[4 kk + 3]), rows r and r + 8 each: wgmma's A fragment.
-  auto issue_values = [&](const uint32_t (&p)[32], int j) {
+  // O += P V_j (issued and committed, not waited for) over the tile's first
+  // kKeySteps * 16 keys (P is 0 past them). Keys 16 kk .. + 15 are groups
+  // 2 kk (pairs p[4 kk], p[4 kk + 1]) and 2 kk + 1 (p[4 kk + 2], p[4 kk + 3]),
+  // rows r and r + 8 each: wgmma's A fragment.
+  auto issue_values = [&](const uint32_t (&p)[32], int j, auto key_steps) {
     const uint32_t v_address = SmemAddress(v_smem + (j % kStages) * kVBytes);
     WgmmaFence();
 #pragma unroll
-    for (int kk = 0; kk < kBlockKv / 16; ++kk) {
+    for (int kk = 0; kk < decltype(key_steps)::value; ++kk) {
       const uint32_t a[4] = {p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]};
       WgmmaRS(o, a, DescriptorMN(v_address + (kk / 4) * kBoxBytes + (kk % 4) * 2048));
     }
@@ -291,17 +308,31 @@ __global__ void __launch_bounds__(kThreads, 1) ForwardKernel(const __grid_consta
   };
   auto wait_tile = [&](int j) { BarrierWait(&full[j % kStages], (j / kStages) & 1); };
 
-  float sc[64], correction[2];
-  uint32_t p[32];
-  for (int j = 0; j < kv_tiles; ++j) {
+  auto tile = [&](int j, auto key_steps) {
+    float sc[64], correction[2];
+    uint32_t p[32];
     wait_tile(j);
-    issue_scores(sc, j);
+    issue_scores(sc, j, key_steps);
     WgmmaWait<0>();
-    softmax(sc, j, p, correction);
+    softmax(sc, j, p, correction, key_steps);
     rescale(correction);
-    issue_values(p, j);
+    issue_values(p, j, key_steps);
     WgmmaWait<0>();
     release(j);
+  };
+  using WholeTile = std::integral_constant<int, kBlockKv / 16>;
+  using FirstHalf = std::integral_constant<int, kBlockKv / 32>;
+  // Consumer 0's rows end before keys 64-127 of the diagonal tile (the last)
+  // begin: that quarter is wholly masked and its products are skipped. The
+  // block ends no sooner (consumer 1's half of the tile is whole); what it
+  // saves is the tensor cores' energy, which the power cap charges. The
+  // diagonal tile is peeled off the loop rather than chosen inside it: a
+  // branch around the products would have ptxas fence them (C7519/C7520).
+  for (int j = 0; j < kv_tiles - 1; ++j) tile(j, WholeTile());
+  if (HA_DIAGONAL_SKIP && consumer == 0) {
+    tile(kv_tiles - 1, FirstHalf());
+  } else {
+    tile(kv_tiles - 1, WholeTile());
   }
 
   // O / l, rounded to bf16 over this warpgroup's own rows of Q (its reads of
