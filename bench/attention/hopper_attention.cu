@@ -10,7 +10,8 @@
 //     set); beside python3 bench/attention/attention_energy.py's cuDNN
 // The kernel's compile-time knobs (-D; engine/kernels/hopper_attention.cu)
 // build variants: HA_STAGES (the forward's ring of K and V tiles, 2 or 3),
-// HA_BACKWARD_STAGES (the backward's ring of Q and dO tiles, 2 or 3).
+// HA_BACKWARD_STAGES (the backward's ring of Q and dO tiles, 2 or 3), HA_DIAGONAL_SKIP (0: the
+// forward computes the diagonal tile's wholly masked quarter too).
 //
 // check: the forward's O and log-sum-exp against a float32 reference computed
 // from the same bf16 inputs (plain kernels: one block a query row, the
