@@ -221,7 +221,7 @@ __global__ void __launch_bounds__(kThreads, 1) ForwardKernel(const __grid_consta
   const uint32_t q_address = SmemAddress(q_smem + consumer * (kBoxBytes / 2));
   // S = Q K_j^T into sc (issued and committed, not waited for), over the
   // tile's first kKeySteps * 16 keys: all 128, or 64 into sc[0..31] (groups
-  // 0-7; the rest left as they were, for the diagonal's mask to overwrite).
+  // 0-7; the rest neither written here nor read by softmax).
   auto issue_scores = [&](float (&sc)[64], int j, auto key_steps) {
     constexpr int kKeySteps = decltype(key_steps)::value;
     const uint32_t k_address = SmemAddress(k_smem + (j % kStages) * kKBytes);
@@ -323,11 +323,12 @@ __global__ void __launch_bounds__(kThreads, 1) ForwardKernel(const __grid_consta
   using WholeTile = std::integral_constant<int, kBlockKv / 16>;
   using FirstHalf = std::integral_constant<int, kBlockKv / 32>;
   // Consumer 0's rows end before keys 64-127 of the diagonal tile (the last)
-  // begin: that quarter is wholly masked and its products are skipped. The
-  // block ends no sooner (consumer 1's half of the tile is whole); what it
-  // saves is the tensor cores' energy, which the power cap charges. The
-  // diagonal tile is peeled off the loop rather than chosen inside it: a
-  // branch around the products would have ptxas fence them (C7519/C7520).
+  // begin: that quarter is wholly masked and its products are skipped. That
+  // saves the tensor cores' energy, which the power cap charges, and some of
+  // the block's time (measured: bench/speed/NOTES.md, "The diagonal's masked
+  // quarter"). The diagonal tile is peeled off the loop rather than chosen
+  // inside it: a branch around the products would have ptxas fence them
+  // (C7519/C7520).
   for (int j = 0; j < kv_tiles - 1; ++j) tile(j, WholeTile());
   if (HA_DIAGONAL_SKIP && consumer == 0) {
     tile(kv_tiles - 1, FirstHalf());
