@@ -1,5 +1,5 @@
 // The speed paths' switches read from the environment (TRAINERD_HOPPER_GEMM,
-// TRAINERD_HOPPER_ROPE, TRAINERD_HOPPER_ATTENTION): each unset means "the
+// TRAINERD_HOPPER_ROPE, TRAINERD_HOPPER_ATTENTION, TRAINERD_HOPPER_DOWN_LORA): each unset means "the
 // engine decides" (its rule for the device and dtype), a digit 0..max_level
 // that level, anything else 0 (off). Torch-free.
 #pragma once

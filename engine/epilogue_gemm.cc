@@ -17,7 +17,7 @@
 namespace trainerd::engine {
 namespace {
 
-std::atomic<int64_t> forward_runs{0}, backward_runs{0}, rope_runs{0};
+std::atomic<int64_t> forward_runs{0}, down_lora_runs{0}, backward_runs{0}, rope_runs{0};
 
 // The settings: unset (kAutomaticLevel) on for bf16 on a Hopper GPU (level
 // 2, the rotary on), off elsewhere.
@@ -28,6 +28,11 @@ std::atomic<int>& Setting() {
 
 std::atomic<int>& RopeSetting() {
   static std::atomic<int> on{EnvironmentLevel("TRAINERD_HOPPER_ROPE", 1)};
+  return on;
+}
+
+std::atomic<int>& DownLoraSetting() {
+  static std::atomic<int> on{EnvironmentLevel("TRAINERD_HOPPER_DOWN_LORA", 1)};
   return on;
 }
 
@@ -61,6 +66,16 @@ bool TakesProduct(const torch::Tensor& x, const torch::Tensor& w) {
 // SwiGLU's forward's conditions on the operands (the setting aside).
 bool Takes(const torch::Tensor& x, const torch::Tensor& w, int64_t h_spare_columns) {
   return w.size(0) % 16 == 0 && h_spare_columns >= 0 && h_spare_columns % 8 == 0 && TakesProduct(x, w);
+}
+
+// Down's A's stacked for GateUpWithSwiGlu: (rank, f) rows of x's dtype on
+// its device, rank 1-256 within the spare columns, rows an even stride
+// apart from a 4-byte aligned start (the kernel reads pairs).
+bool DownATaken(const torch::Tensor& a, const torch::Tensor& x, int64_t f, int64_t h_spare_columns) {
+  return a.defined() && a.dim() == 2 && a.size(1) == f && a.size(0) >= 1 && a.size(0) <= 256 &&
+         a.size(0) <= h_spare_columns && a.stride(1) == 1 && a.stride(0) >= f && a.stride(0) % 2 == 0 &&
+         reinterpret_cast<uintptr_t>(a.data_ptr()) % 4 == 0 && a.scalar_type() == x.scalar_type() &&
+         a.device() == x.device();
 }
 
 // The rotary's tables: positions (m) int64 and inv_freq (64) float32, contiguous on `where`.
@@ -130,7 +145,8 @@ void Launch(kernels::HopperGemmOperands o, kernels::HopperEpilogue epilogue, con
 }  // namespace
 
 torch::Tensor GateUpWithSwiGlu(const torch::Tensor& x, const torch::Tensor& w, int64_t h_spare_columns,
-                               torch::Tensor* h) {
+                               torch::Tensor* h, const torch::Tensor& down_a, bool* down_t_made) {
+  if (down_t_made != nullptr) *down_t_made = false;
 #ifdef TRAINERD_WITH_HOPPER_KERNELS
   if (SwiGluGemmLevel(x.device(), x.scalar_type()) < 1 || !Takes(x, w, h_spare_columns)) return {};
   const c10::cuda::CUDAGuard guard(x.device());
@@ -142,14 +158,28 @@ torch::Tensor GateUpWithSwiGlu(const torch::Tensor& x, const torch::Tensor& w, i
   o.h = made.data_ptr();
   o.h_stride = made.stride(0);
   o.n = 2 * f;
+  const bool down_t = down_t_made != nullptr && DownLoraInGateUpEnabled(x.device(), x.scalar_type()) &&
+                      DownATaken(down_a, x, f, h_spare_columns);
+  torch::Tensor sums;  // (m, rank rounded up to even) float32
+  if (down_t) {
+    const int64_t rank = down_a.size(0);
+    sums = torch::empty({m, (rank + 1) / 2 * 2}, x.options().dtype(torch::kFloat32));
+    o.lora_a = down_a.data_ptr();
+    o.lora_a_stride = down_a.stride(0);
+    o.rank_h = rank;
+    o.lora_h_sums = sums.data_ptr<float>();
+    o.lora_h_sums_stride = sums.stride(0);
+  }
   Launch(o, kernels::HopperEpilogue::kSwiGlu, x, w, /*w_transposed=*/false, out);
+  if (down_t) {
+    rows.narrow(1, f, down_a.size(0)).copy_(sums.narrow(1, 0, down_a.size(0)));
+    *down_t_made = true;
+    down_lora_runs.fetch_add(1, std::memory_order_relaxed);
+  }
   *h = made;
   return out;
 #else
-  (void)x;
-  (void)w;
-  (void)h_spare_columns;
-  (void)h;
+  (void)x, (void)w, (void)h_spare_columns, (void)h, (void)down_a;
   return {};
 #endif
 }
@@ -227,7 +257,9 @@ int SwiGluGemmLevel(const torch::Device& device, torch::ScalarType dtype) {
   return level != kAutomaticLevel ? level : AutoOn(device, dtype) ? 2 : 0;
 }
 
-EpilogueGemmCounts EpilogueGemmRuns() { return {forward_runs.load(), backward_runs.load(), rope_runs.load()}; }
+EpilogueGemmCounts EpilogueGemmRuns() {
+  return {forward_runs.load(), down_lora_runs.load(), backward_runs.load(), rope_runs.load()};
+}
 
 void SetRopeGemm(bool on) { RopeSetting().store(on ? 1 : 0); }
 
@@ -236,11 +268,19 @@ bool RopeGemmEnabled(const torch::Device& device, torch::ScalarType dtype) {
   return on != kAutomaticLevel ? on == 1 : AutoOn(device, dtype);
 }
 
+void SetDownLoraInGateUp(bool on) { DownLoraSetting().store(on ? 1 : 0); }
+
+bool DownLoraInGateUpEnabled(const torch::Device& device, torch::ScalarType dtype) {
+  // Unset: off everywhere until the step has measured it.
+  return DownLoraSetting().load(std::memory_order_relaxed) == 1 && SwiGluGemmLevel(device, dtype) >= 2;
+}
+
 bool SwiGluGemmLevelIsAutomatic() { return Setting().load(std::memory_order_relaxed) == kAutomaticLevel; }
 bool RopeGemmIsAutomatic() { return RopeSetting().load(std::memory_order_relaxed) == kAutomaticLevel; }
 
 bool EpilogueGemmSettingsGiven() {
-  return std::getenv("TRAINERD_HOPPER_GEMM") != nullptr || std::getenv("TRAINERD_HOPPER_ROPE") != nullptr;
+  return std::getenv("TRAINERD_HOPPER_GEMM") != nullptr || std::getenv("TRAINERD_HOPPER_ROPE") != nullptr ||
+         std::getenv("TRAINERD_HOPPER_DOWN_LORA") != nullptr;
 }
 
 }  // namespace trainerd::engine

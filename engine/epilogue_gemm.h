@@ -34,8 +34,18 @@ namespace trainerd::engine {
 // results as torch::mm and the SwiGLU kernel, to the rounding of another
 // summation order (gate and up are rounded to bf16 before SwiGLU, as the
 // kernel reading them would).
+//
+// With down_a given (down's LoRA A's stacked, (rank, f) in x's dtype on its
+// device, rank 1-256 and at most h_spare_columns, unit column stride, an even
+// row stride) and down_t_made, where DownLoraInGateUpEnabled and the GEMM
+// takes the product, the epilogue also makes down's t = h down_a^T (float32
+// sums, rounded to bf16 once, as the thin product over h would be up to its
+// summation order) and writes it into the first `rank` spare columns of h's
+// rows, then sets *down_t_made; else leaves it false. Down's node then
+// takes those columns as they are (SwiGluInput::lora_t_made) instead of
+// reading h again for its product.
 torch::Tensor GateUpWithSwiGlu(const torch::Tensor& x, const torch::Tensor& w, int64_t h_spare_columns,
-                               torch::Tensor* h);
+                               torch::Tensor* h, const torch::Tensor& down_a = {}, bool* down_t_made = nullptr);
 
 // The input gradient of down's widened product with SwiGLU's backward in its
 // GEMM: for x = [g | u | 0] (N, k) and w = [W ; A ; 0] (k, f), the group's
@@ -89,9 +99,10 @@ int SwiGluGemmLevel(const torch::Device& device, torch::ScalarType dtype);
 // Products the GEMM of our own has run in this process, by kind: launches
 // from the host (a CUDA graph's capture counts, its replays do not).
 struct EpilogueGemmCounts {
-  int64_t forward = 0;   // GateUpWithSwiGlu
-  int64_t backward = 0;  // DownInputGradientWithSwiGlu
-  int64_t rope = 0;      // ProductWithRope
+  int64_t forward = 0;    // GateUpWithSwiGlu
+  int64_t down_lora = 0;  // of those, with down's t made (GateUpWithSwiGlu's down_a)
+  int64_t backward = 0;   // DownInputGradientWithSwiGlu
+  int64_t rope = 0;       // ProductWithRope
 };
 EpilogueGemmCounts EpilogueGemmRuns();
 
@@ -117,12 +128,23 @@ torch::Tensor ProductWithRope(const torch::Tensor& x, const torch::Tensor& w, co
 void SetRopeGemm(bool on);
 bool RopeGemmEnabled(const torch::Device& device, torch::ScalarType dtype);
 
+// Whether gate|up's GEMM makes down's LoRA product x A^T over h as well
+// (GateUpWithSwiGlu's down_a), for a model of this device and dtype: only at
+// SwiGLU level 2 or more (down's node then takes h as the GEMM wrote it) and
+// without LoRA dropout on down (whose product reads dropped rows). It saves
+// the thin product's read of h, (N, f) bf16 a layer, for mma.sync work and
+// float32 atomics in the epilogue warps. From the environment's
+// TRAINERD_HOPPER_DOWN_LORA ("1" on, other values off; read once) or
+// SetDownLoraInGateUp; unset, off: not yet measured in the step.
+void SetDownLoraInGateUp(bool on);
+bool DownLoraInGateUpEnabled(const torch::Device& device, torch::ScalarType dtype);
+
 // Whether SwiGluGemmLevel's and RopeGemmEnabled's settings are the automatic
 // ones (neither in the environment nor set by SetSwiGluGemm / SetRopeGemm).
 bool SwiGluGemmLevelIsAutomatic();
 bool RopeGemmIsAutomatic();
 
-// Whether TRAINERD_HOPPER_GEMM or TRAINERD_HOPPER_ROPE is in the environment
+// Whether TRAINERD_HOPPER_GEMM, TRAINERD_HOPPER_ROPE or TRAINERD_HOPPER_DOWN_LORA is in the environment
 // (the worker then says where the epilogues ran, whatever the device).
 bool EpilogueGemmSettingsGiven();
 

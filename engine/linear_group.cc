@@ -179,11 +179,13 @@ class WidenedGroupFunction : public torch::autograd::Function<WidenedGroupFuncti
     if (in_place) {
       if (rank > 0) {
         t = x_ext.narrow(1, in, rank);
-        lora_product(t);
+        // gate|up's GEMM made t into these columns (SwiGluInput::lora_t_made).
+        const bool made = swiglu_handoff != nullptr && swiglu_handoff->lora_t_made && !any_dropout;
+        if (!made) lora_product(t);
       }
       if (cols > rank) x_ext.narrow(1, in + rank, cols - rank).zero_();
       if (swiglu != nullptr && !group.bias.defined() && group.outs.size() == 2 && group.outs[0] == group.outs[1]) {
-        y = GateUpWithSwiGlu(x_ext, top, swiglu->spare_columns, &swiglu->h);
+        y = GateUpWithSwiGlu(x_ext, top, swiglu->spare_columns, &swiglu->h, swiglu->down_a, &swiglu->down_t_made);
       }
       if (rope != nullptr && !group.bias.defined()) {
         y = ProductWithRope(x_ext, top, rope->positions, rope->inv_freq, rope->head_dim,
@@ -713,6 +715,17 @@ std::vector<torch::Tensor> ForwardGroup(const LinearGroup& group, const std::vec
     outputs.push_back(ys[i].view(shape));
   }
   return outputs;
+}
+
+torch::Tensor CurrentLoraA(const GroupMembers& group) {
+  if (group.group == nullptr || !WidenedLayoutFits(*group.group, group.members)) return {};
+  std::vector<torch::Tensor> lora;
+  std::vector<double> scaling;
+  LoraOf(group.members, &lora, &scaling);
+  if (lora.empty()) return {};
+  const torch::NoGradGuard no_grad;
+  EnsureLoraCopies(*group.group, lora, scaling);
+  return group.group->lora_copies.a_stacked;
 }
 
 }  // namespace trainerd::engine

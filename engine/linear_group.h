@@ -158,6 +158,11 @@ struct SwiGluOutput {
   torch::Tensor h;
   torch::Tensor lora_t, lora_b_sums, lora_b_filled;  // undefined: none handed on
   int64_t rank_gate = 0, rank_up = 0;
+  // In, optional: down's LoRA A's stacked (CurrentLoraA of the down group),
+  // for the GEMM to make down's t = h A^T into h's spare columns as well
+  // (GateUpWithSwiGlu's down_a); out: whether it did.
+  torch::Tensor down_a;
+  bool down_t_made = false;
 };
 
 // SwiGLU's backward taken into down's node (engine/epilogue_gemm.h): x is h =
@@ -172,10 +177,16 @@ struct SwiGluOutput {
 // fills lora_b_sums = [t_gate^T dgate ; t_up^T dup] where its GEMM's
 // epilogue takes them (level 3), and then sets lora_b_filled. At level 3 the
 // node also takes its own A gradient u^T h from that epilogue.
+//
+// lora_t_made: x's rows hold the node's t = x A^T in their first spare
+// columns already (gate|up's GEMM made it, SwiGluOutput::down_t_made), which
+// the node then takes as they are; it makes t itself where x is not in such
+// rows or its LoRA has dropout.
 struct SwiGluInput {
   torch::Tensor gate, up;
   torch::Tensor lora_t, lora_b_sums, lora_b_filled;
   int64_t rank_gate = 0, rank_up = 0;
+  bool lora_t_made = false;
 };
 
 // The rotary embedding asked of a q|k|v group's product (engine/
@@ -218,5 +229,11 @@ inline std::vector<torch::Tensor> ForwardGroup(const GroupMembers& group, const 
                                                const SwiGluInput* swiglu_input = nullptr, QkvRope* rope = nullptr) {
   return ForwardGroup(*group.group, group.members, x, recipe, dropout, swiglu, swiglu_input, rope);
 }
+
+// The group's LoRA A's stacked, (sum of ranks, in) in the model dtype: the
+// copies its widened node's forward reads, brought up to date with the
+// members' parameters first (as that forward would). Undefined where the
+// group has no LoRA or does not run as a widened node (WidenedLayoutFits).
+torch::Tensor CurrentLoraA(const GroupMembers& group);
 
 }  // namespace trainerd::engine

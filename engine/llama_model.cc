@@ -376,6 +376,14 @@ LlamaModel::Residual LlamaModel::LayerForward(size_t index, const Residual& h, c
   // SwiGLU in gate|up's GEMM where the GEMM of our own takes it (engine/epilogue_gemm.h);
   // FusedSwiGlu's node then returns that output, else makes it.
   SwiGluOutput made{layer.down.spare_columns(), {}};
+  const DropoutMasks down_masks{masks.draw, masks.first + DecoderLayer::kDownFirst};
+  // Down's LoRA product x A^T in gate|up's GEMM as well, where it is asked
+  // for (engine/epilogue_gemm.h, DownLoraInGateUpEnabled) and down's LoRA
+  // has no dropout in this pass.
+  if (DownLoraInGateUpEnabled(x.device(), x.scalar_type()) && layer.down_proj.lora &&
+      !down_masks.Of(0, layer.down_proj.lora->dropout).active()) {
+    made.down_a = CurrentLoraA(layer.DownGroup());
+  }
   const std::vector<torch::Tensor> gate_up =
       ForwardGroup(layer.GateUpGroup(), x, normed, {masks.draw, masks.first + DecoderLayer::kGateUpFirst}, &made);
   // With checkpointing on (memory first), a layer that keeps its activations
@@ -390,7 +398,6 @@ LlamaModel::Residual LlamaModel::LayerForward(size_t index, const Residual& h, c
     activated.gate = gate_up[0];
     activated.up = gate_up[1];
   }
-  const DropoutMasks down_masks{masks.draw, masks.first + DecoderLayer::kDownFirst};
   if (swiglu_level >= 2) {
     // SwiGLU's backward in down's node (its input gradient's GEMM, where the
     // GEMM of our own takes it): h made outside autograd. At level 3 gate|up's
@@ -400,8 +407,10 @@ LlamaModel::Residual LlamaModel::LayerForward(size_t index, const Residual& h, c
       const torch::NoGradGuard no_grad;
       act = FusedSwiGlu(gate_up[0], gate_up[1], layer.down.spare_columns(), made.h);
     }
-    const SwiGluInput swiglu{gate_up[0],     gate_up[1],     made.lora_t, made.lora_b_sums, made.lora_b_filled,
-                             made.rank_gate, made.rank_up};
+    // Down's t made by gate|up's GEMM counts only in the rows it wrote (act is them).
+    const bool t_made = made.down_t_made && act.data_ptr() == made.h.data_ptr();
+    const SwiGluInput swiglu{gate_up[0],     gate_up[1],    made.lora_t, made.lora_b_sums, made.lora_b_filled,
+                             made.rank_gate, made.rank_up, t_made};
     return {r, ForwardGroup(layer.DownGroup(), act, activated, down_masks, nullptr, &swiglu)[0]};
   }
   const torch::Tensor act = FusedSwiGlu(gate_up[0], gate_up[1], layer.down.spare_columns(), made.h);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <optional>
 
@@ -30,7 +31,8 @@ double Seconds(Clock::time_point since) {
 // products counted before it: a measurement at TRAINERD_HOPPER_GEMM 1 or 2,
 // or with TRAINERD_HOPPER_ROPE=1, must say whether the GEMM took them (it
 // declines products it does not suit).
-std::string EpilogueGemmNote(const EpilogueGemmCounts& before, int level, bool rope) {
+std::string EpilogueGemmNote(const EpilogueGemmCounts& before, int level, bool rope, const torch::Device& device,
+                             torch::ScalarType dtype) {
   const EpilogueGemmCounts now = EpilogueGemmRuns();
   auto origin = [](bool automatic) { return automatic ? " (the default here)" : ""; };
   std::string settings, ran;
@@ -38,6 +40,11 @@ std::string EpilogueGemmNote(const EpilogueGemmCounts& before, int level, bool r
     settings = "TRAINERD_HOPPER_GEMM=" + std::to_string(level) + origin(SwiGluGemmLevelIsAutomatic());
     ran = "SwiGLU's forward in " + std::to_string(now.forward - before.forward) + " gate|up products";
     if (level >= 2) ran += " and its backward in " + std::to_string(now.backward - before.backward) + " down products";
+    if (now.down_lora > before.down_lora || std::getenv("TRAINERD_HOPPER_DOWN_LORA") != nullptr) {
+      settings += ", TRAINERD_HOPPER_DOWN_LORA=" + std::string(DownLoraInGateUpEnabled(device, dtype) ? "1" : "0");
+      ran += ", down's LoRA product over h in " + std::to_string(now.down_lora - before.down_lora) +
+             " gate|up products";
+    }
   }
   if (rope) {
     settings += std::string(settings.empty() ? "" : ", ") + "TRAINERD_HOPPER_ROPE=1" + origin(RopeGemmIsAutomatic());
@@ -380,7 +387,8 @@ StatusOr<RunResult> Trainer::Run(const RunOptions& options) {
     TRAINERD_RETURN_IF_ERROR(profiler.AfterStep(step - first_step + 1));
     if (step == first_step && (epilogue_level > 0 || epilogue_rope) &&
         (model_.device().is_cuda() || EpilogueGemmSettingsGiven())) {
-      reporter_.OnMessage(EpilogueGemmNote(epilogue_gemm_before, epilogue_level, epilogue_rope));
+      reporter_.OnMessage(
+          EpilogueGemmNote(epilogue_gemm_before, epilogue_level, epilogue_rope, model_.device(), model_.dtype()));
     }
     // Where the attention kernels of our own ran (the automatic setting: bf16
     // on a Hopper GPU, heads of 128), or were asked for and did not.

@@ -272,7 +272,9 @@ struct Case {
   bool w_transposed;  // W handed over as (k, n), to ours and to cuBLAS alike
   int m, n, k;
   int rotate_columns = 0;  // rotary: q's and k's columns
-  bool lora_sums = false;  // SwiGLU's backward: with LoRA's sums (ranks 16 + 16 of gate|up's t, 16 of down's u)
+  // SwiGLU's backward: with LoRA's sums (ranks 16 + 16 of gate|up's t, 16 of down's u); SwiGLU's forward: with
+  // down's LoRA product over h (rank 16)
+  bool lora_sums = false;
 };
 
 // One product: ours, or cuBLAS's (plus the SwiGLU pass where the case has it
@@ -282,12 +284,23 @@ struct Contest {
   Buffers b;
   __nv_bfloat16* w_t = nullptr;
   __nv_bfloat16 *lora_t = nullptr, *lora_u = nullptr;  // (m, 32), (m, 16): LoRA's sums' thin operands
-  float* lora_sums = nullptr;                          // (32 + 16, n)
+  float* lora_sums = nullptr;                          // (32 + 16, n); SwiGLU's forward: (m, 16)
+  __nv_bfloat16* down_a = nullptr;                     // SwiGLU's forward: down's A (16, n / 2)
+  __nv_bfloat16* down_t = nullptr;                     // and cuBLAS's thin product h A^T (m, 16)
   cublasHandle_t handle{};
+
+  bool DownLora() const { return c.lora_sums && c.epilogue == HopperEpilogue::kSwiGlu; }
 
   Contest(const Case& c_, bool on_device) : c(c_) {
     b = Allocate(c.m, c.n, c.k, c.epilogue, 1234u + c.m + c.n + c.k, on_device);
-    if (c.lora_sums) {
+    if (DownLora()) {
+      const int64_t a_count = static_cast<int64_t>(16) * (c.n / 2);
+      CHECK_CUDA(cudaMalloc(&down_a, a_count * 2));
+      CHECK_CUDA(cudaMalloc(&down_t, static_cast<int64_t>(c.m) * 16 * 2));
+      CHECK_CUDA(cudaMalloc(&lora_sums, static_cast<int64_t>(c.m) * 16 * 4));
+      Fill<<<static_cast<unsigned>((a_count + 255) / 256), 256>>>(down_a, a_count, 79u, 0.05f);
+      CHECK_CUDA(cudaGetLastError());
+    } else if (c.lora_sums) {
       CHECK_CUDA(cudaMalloc(&lora_t, static_cast<int64_t>(c.m) * 32 * 2));
       CHECK_CUDA(cudaMalloc(&lora_u, static_cast<int64_t>(c.m) * 16 * 2));
       CHECK_CUDA(cudaMalloc(&lora_sums, static_cast<int64_t>(48) * c.n * 4));
@@ -306,7 +319,8 @@ struct Contest {
   ~Contest() {
     cublasDestroy(handle);
     if (w_t != nullptr) cudaFree(w_t);
-    for (void* p : {static_cast<void*>(lora_t), static_cast<void*>(lora_u), static_cast<void*>(lora_sums)}) {
+    for (void* p : {static_cast<void*>(lora_t), static_cast<void*>(lora_u), static_cast<void*>(lora_sums),
+                    static_cast<void*>(down_a), static_cast<void*>(down_t)}) {
       if (p != nullptr) cudaFree(p);
     }
     Free(b);
@@ -328,7 +342,13 @@ struct Contest {
     o.positions = b.positions;
     o.inv_freq = b.inv_freq;
     o.rotate_columns = c.rotate_columns;
-    if (c.lora_sums) {
+    if (DownLora()) {
+      o.lora_a = down_a;
+      o.lora_a_stride = c.n / 2;
+      o.rank_h = 16;
+      o.lora_h_sums = lora_sums;
+      o.lora_h_sums_stride = 16;
+    } else if (c.lora_sums) {
       o.lora_t = lora_t;
       o.lora_t_stride = 32;
       o.rank_gate = o.rank_up = 16;
@@ -366,6 +386,21 @@ struct Contest {
     }
   }
 
+  // Down's thin product t = h A^T (m, 16) on cuBLAS, over `h` (m, n / 2), into
+  // out of `type` (bf16 as the engine's, or float32 for the check).
+  void ThinProduct(const __nv_bfloat16* h, void* out, cudaDataType type, cudaStream_t stream) {
+    cublasSetStream(handle, stream);
+    const float one = 1.0f, zero = 0.0f;
+    const int f = c.n / 2;
+    const cublasStatus_t s = cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, 16, c.m, f, &one, down_a, CUDA_R_16BF, f,
+                                          h, CUDA_R_16BF, f, &zero, out, type, 16, CUBLAS_COMPUTE_32F,
+                                          CUBLAS_GEMM_DEFAULT);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+      std::fprintf(stderr, "cublasGemmEx (thin) failed: %d\n", static_cast<int>(s));
+      std::exit(1);
+    }
+  }
+
   void Pass(cudaStream_t stream) {
     if (c.epilogue == HopperEpilogue::kRope) {
       const int64_t threads = static_cast<int64_t>(c.m) * (c.n / 128) * 8;
@@ -376,6 +411,7 @@ struct Contest {
     }
     if (c.epilogue == HopperEpilogue::kSwiGlu) {
       SwiGluReference(b.d_ref, b.h_ref, c.m, c.n, stream);
+      if (DownLora()) ThinProduct(b.h_ref, down_t, CUDA_R_16BF, stream);  // the pass down's node runs over h
       return;
     }
     const int64_t threads = static_cast<int64_t>(c.m) * c.n / 8;
@@ -471,6 +507,29 @@ bool Check(const Case& c) {
     ok = ok && !ch.nan && ch.worst_relative < 1e-2 && ch.share_off < 1e-3;
     std::printf("; H worst %.2e, %.4f%% off%s", ch.worst_relative, 100 * ch.share_off, ch.nan ? ", NaN" : "");
   }
+  if (t.DownLora()) {
+    // Down's product over our own h: cuBLAS's in float32 against our sums
+    // (the same bf16 operands, another summation order).
+    const size_t count = static_cast<size_t>(m) * 16;
+    float* reference = nullptr;
+    CHECK_CUDA(cudaMalloc(&reference, count * 4));
+    t.ThinProduct(t.b.h, reference, CUDA_R_32F, nullptr);
+    CHECK_CUDA(cudaDeviceSynchronize());
+    std::vector<float> ours(count), theirs(count);
+    CHECK_CUDA(cudaMemcpy(ours.data(), t.lora_sums, count * 4, cudaMemcpyDeviceToHost));
+    CHECK_CUDA(cudaMemcpy(theirs.data(), reference, count * 4, cudaMemcpyDeviceToHost));
+    CHECK_CUDA(cudaFree(reference));
+    double worst = 0, scale = 0;
+    bool finite = true;
+    for (size_t i = 0; i < count; ++i) {
+      finite = finite && std::isfinite(ours[i]);
+      worst = std::max(worst, static_cast<double>(std::fabs(ours[i] - theirs[i])));
+      scale = std::max(scale, static_cast<double>(std::fabs(theirs[i])));
+    }
+    const double relative = worst / std::max(scale, 1e-30);
+    ok = ok && finite && relative < 1e-4;
+    std::printf("; down's h A^T worst %.2e of max%s", relative, finite ? "" : ", NaN");
+  }
   std::printf(" %s\n", ok ? "ok" : "FAILED");
   return ok;
 }
@@ -504,7 +563,8 @@ void Time(const Case& c) {
               c.name, c.m, c.n, c.k, ms_each[0], flops / ms_each[0] / 1e9, ms_each[1], flops / ms_each[1] / 1e9,
               ms_each[0] / ms_each[1]);
   if (swiglu) {
-    std::printf("; SwiGLU pass %.3f ms: ours/(cuBLAS + pass) %.3f", ms_each[2],
+    std::printf("; SwiGLU pass%s %.3f ms: ours/(cuBLAS + pass) %.3f", t.DownLora() ? " and the thin h A^T" : "",
+                ms_each[2],
                 ms_each[0] / (ms_each[1] + ms_each[2]));
   }
   std::printf("\n");
@@ -576,6 +636,8 @@ int main(int argc, char** argv) {
         {"W transposed", kPlain, true, 129, 264, 4096},  {"W transposed", kPlain, true, 2048, 3584, 1040},
         {"W transposed", kPlain, true, 2048, 4128, 6144}, {"swiglu", kSwiGlu, false, 256, 512, 128},
         {"swiglu", kSwiGlu, false, 1000, 2 * 520, 1000}, {"swiglu", kSwiGlu, false, 2048, 2 * 3584, 4128},
+        {"swiglu, down's LoRA", kSwiGlu, false, 1000, 2 * 520, 1000, 0, true},
+        {"swiglu, down's LoRA", kSwiGlu, false, 2048, 2 * 3584, 4128, 0, true},
         {"swiglu backward", kBackward, true, 256, 256, 64}, {"swiglu backward", kBackward, true, 1000, 1000, 1000},
         {"swiglu backward", kBackward, true, 129, 264, 4096}, {"swiglu backward", kBackward, true, 2048, 3584, 1040},
         // Rotary: rows past 2048 (positions wrap), a row tail, a rotated
@@ -598,6 +660,7 @@ int main(int argc, char** argv) {
         {"q|k|v with rotary", kRope, false, 8192, 6144, 4128, 5120},
         {"gate|up", kPlain, false, 8192, 28672, 4128},
         {"gate|up with SwiGLU", kSwiGlu, false, 8192, 28672, 4128},
+        {"gate|up with SwiGLU and down's LoRA product", kSwiGlu, false, 8192, 28672, 4128, 0, true},
         {"down", kPlain, false, 8192, 4096, 14352},
         {"dx of q|k|v (W^T)", kPlain, true, 8192, 4128, 6144},
         {"dx of gate|up (W^T)", kPlain, true, 8192, 4128, 28672},

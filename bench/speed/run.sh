@@ -30,6 +30,8 @@
 #                                        backward too, 3 LoRA's products over its rows too; unset: 2 for bf16 on a
 #                                        Hopper GPU)
 #   TRAINERD_HOPPER_ROPE=0|1             trainerd's rotary embedding in q|k|v's GEMM (unset: on there)
+#   TRAINERD_HOPPER_DOWN_LORA=0|1        down's LoRA product x A^T in gate|up's GEMM too (engine/epilogue_gemm.h;
+#                                        SwiGLU level 2 or more; unset: off)
 #   TRAINERD_HOPPER_ATTENTION=0|1        trainerd's attention on its Hopper kernels (engine/hopper_attention.h; unset:
 #                                        on for bf16 on a Hopper GPU with heads of 128)
 #   TRAINERD_COMMIT=abc123               the commit to report (default: git's HEAD; give it for a tree copied without .git)
@@ -367,7 +369,7 @@ for r in $rows; do
         # Passes in the Hopper GEMM's epilogues (engine/epilogue_gemm.h; on by default for bf16 on a Hopper GPU): the
         # table says how many products the GEMM took in the first step (the worker's note; it declines shapes
         # it does not suit).
-        setting='TRAINERD_HOPPER_[A-Z]*=[0-9]\( (the default here)\)\?'
+        setting='TRAINERD_HOPPER_[A-Z_]*=[0-9]\( (the default here)\)\?'
         taken=$(grep -o "$setting\(, $setting\)*: the first step ran .* of the Hopper GEMM" "$base.log" |
                 head -1 | sed 's/: the first step ran \(.*\) of the Hopper GEMM/ (first step: \1 on it)/')
         [ -n "$taken" ] && settings="$settings; $taken"

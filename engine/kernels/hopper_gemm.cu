@@ -36,6 +36,12 @@
 // at 168 the consumers' (then 168) spill.
 #define HG_LORA_REGISTERS 152
 #endif
+#ifndef HG_LORA_FORWARD_REGISTERS
+// SwiGLU's forward with down's LoRA product over h: the producer warpgroup's
+// registers a thread (the epilogue warps'), the consumers' what is left (200 at
+// 96). ptxas spills 56-88 bytes of the epilogue warps' at 80 and 72, none at 96.
+#define HG_LORA_FORWARD_REGISTERS 96
+#endif
 #ifndef HG_BACKWARD_PREFETCH
 // SwiGLU's backward: 1 the producer asks L2 for a tile's gate and up when
 // it starts loading the tile's k-slices, a main loop before the epilogue
@@ -202,6 +208,12 @@ struct GemmMaps {
   int rank_gate, rank_up, rank_h;
   float* lora_b_sums;
   float* lora_a_sums;
+  // SwiGLU's forward, down's LoRA product over h (HopperGemmOperands::
+  // lora_a, lora_h_sums; rank_h down's rank): sums null where not asked.
+  const __nv_bfloat16* lora_a;
+  int64_t lora_a_stride;
+  float* lora_h_sums;
+  int64_t lora_h_sums_stride;
 };
 
 // The rotary embedding over one 16-byte unit of a head's first half (a: 8
@@ -376,12 +388,85 @@ __device__ __forceinline__ LoraSum LoraSumOfWarp(const GemmMaps& maps, int e) {
           sums == nullptr ? 0 : e == 0 ? maps.rank_gate : e == 1 ? maps.rank_up : maps.rank_h};
 }
 
+// Elements (row, col) and (row, col + 1) of a (rows a_stride apart) as a
+// bf16 pair, the first in the low half; zero past `rows` rows or `cols`
+// columns (cols even, col even): a B fragment's register of a^T for mma.sync.
+__device__ __forceinline__ uint32_t RowPair(const __nv_bfloat16* a, int64_t a_stride, int row, int col, int rows,
+                                            int cols) {
+  if (row >= rows || col >= cols) return 0;
+  return __ldg(reinterpret_cast<const uint32_t*>(a + static_cast<int64_t>(row) * a_stride + col));
+}
+
+// One warp's share of down's LoRA product over h in SwiGLU's forward: sums
+// (rows sums_stride floats apart, even) += H a^T for H the 64 x 128 block of
+// h in chunks c0 and c1 (bf16 in the hand-over buffer's swizzle: rows row0 ..
+// row0 + 63 of the product, h's columns col0 .. col0 + 63 in c0 and the next
+// 64 in c1) and a (rank, f; rows a_stride apart) down's A's stacked, on
+// mma.sync m16n8k16 in blocks of 16 of the rank, added by 8-byte atomics. The
+// chunks hold zeros past the product's rows and h's columns, and a's
+// fragments are zero past its rank and f, so the sums take nothing from
+// outside the product; rows past m are not added.
+__device__ __forceinline__ void HRowSums(const uint8_t* c0, const uint8_t* c1, const __nv_bfloat16* a,
+                                         int64_t a_stride, int rank, int f, float* sums, int64_t sums_stride, int m,
+                                         int row0, int col0, int lane) {
+  const int g = lane / 4, pair = 2 * (lane % 4);
+  for (int nb = 0; nb < rank; nb += 16) {
+    float acc[4][2][4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
+    }
+#pragma unroll 2
+    for (int ks = 0; ks < 8; ++ks) {
+      const uint8_t* chunk = ks < 4 ? c0 : c1;
+      const int col = col0 + ks * 16 + pair;
+      // B = a^T's 16 columns of h by 8 of the rank, two blocks of 8.
+      uint32_t b[2][2];
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        b[j][0] = RowPair(a, a_stride, nb + 8 * j + g, col, rank, f);
+        b[j][1] = RowPair(a, a_stride, nb + 8 * j + g, col + 8, rank, f);
+      }
+#pragma unroll
+      for (int mb = 0; mb < 4; ++mb) {
+        // A = H's 16 rows by 16 columns: lane l addresses row l % 8 of
+        // matrix l / 8 (matrices: rows 0-7 and 8-15 of the first 8
+        // columns, then of the next 8), mma.sync's a0-a3 in that order.
+        const int matrix = lane / 8;
+        const int r = mb * 16 + (matrix & 1) * 8 + lane % 8;
+        const int unit = (ks % 4) * 2 + (matrix >> 1);
+        const uint32_t address = SmemAddress(chunk + r * 128 + ((unit ^ (r % 8)) * 16));
+        uint32_t frag[4];
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(frag[0]), "=r"(frag[1]), "=r"(frag[2]), "=r"(frag[3])
+                     : "r"(address)
+                     : "memory");
+        Mma16816(acc[mb][0], frag, b[0][0], b[0][1]);
+        Mma16816(acc[mb][1], frag, b[1][0], b[1][1]);
+      }
+    }
+#pragma unroll
+    for (int mb = 0; mb < 4; ++mb) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int col = nb + 8 * j + pair;
+        if (col >= rank) continue;
+        const int r0 = row0 + mb * 16 + g, r1 = r0 + 8;
+        if (r0 < m) RedAdd2(sums + r0 * sums_stride + col, acc[mb][j][0], acc[mb][j][1]);
+        if (r1 < m) RedAdd2(sums + r1 * sums_stride + col, acc[mb][j][2], acc[mb][j][3]);
+      }
+    }
+  }
+}
+
 // kLoraSums: SwiGLU's backward with LoRA's sums (a kernel of its own: their
 // code in the epilogue warps' part costs the plain backward's epilogue its
 // registers, measured 1.8 times slower with it in one kernel).
 template <HopperEpilogue kEpilogue, bool kWTransposed, bool kLoraSums>
 __global__ void __launch_bounds__(kThreads, 1) GemmKernel(const __grid_constant__ GemmMaps maps) {
-  static_assert(!kLoraSums || kEpilogue == HopperEpilogue::kSwiGluBackward, "LoRA's sums are SwiGLU's backward's");
+  static_assert(!kLoraSums || kEpilogue == HopperEpilogue::kSwiGluBackward || kEpilogue == HopperEpilogue::kSwiGlu,
+                "LoRA's sums are SwiGLU's (its backward's, or down's product over h in its forward)");
   static_assert(!(kWTransposed && kEpilogue == HopperEpilogue::kSwiGlu), "SwiGLU takes W as stored");
   static_assert(kEpilogue != HopperEpilogue::kSwiGluBackward || kWTransposed, "SwiGLU's backward takes W transposed");
   static_assert(!(kWTransposed && kEpilogue == HopperEpilogue::kRope), "the rotary epilogue takes W as stored");
@@ -393,12 +478,15 @@ __global__ void __launch_bounds__(kThreads, 1) GemmKernel(const __grid_constant_
   // leaves the consumers waiting in setmaxnreg.inc for ever). The backward's
   // epilogue warps hold HG_BACKWARD_UNITS units' operands in flight; the
   // rotary's hold two units and their angles.
-  // With LoRA's sums, HG_LORA_REGISTERS for the producer's warpgroup and
-  // the rest, a multiple of 8, for the consumers'.
-  constexpr int kProducerRegisters =
-      kLoraSums ? HG_LORA_REGISTERS : kBackward ? (HG_BACKWARD_UNITS > 2 ? 112 : 72) : kRope ? 72 : 40;
+  // With LoRA's sums, HG_LORA_REGISTERS (the backward's) or
+  // HG_LORA_FORWARD_REGISTERS (the forward's) for the producer's warpgroup
+  // and the rest, a multiple of 8, for the consumers'.
+  constexpr int kProducerRegisters = kLoraSums ? (kBackward ? HG_LORA_REGISTERS : HG_LORA_FORWARD_REGISTERS)
+                                     : kBackward ? (HG_BACKWARD_UNITS > 2 ? 112 : 72)
+                                     : kRope     ? 72
+                                                 : 40;
   constexpr int kConsumerRegisters =
-      kLoraSums ? (kThreads * kLaunchRegisters - 128 * HG_LORA_REGISTERS) / 256 / 8 * 8
+      kLoraSums ? (kThreads * kLaunchRegisters - 128 * kProducerRegisters) / 256 / 8 * 8
       : kBackward ? (HG_BACKWARD_UNITS > 2 ? 192 : 216)
       : kRope     ? 216
                   : 232;
@@ -624,6 +712,19 @@ __global__ void __launch_bounds__(kThreads, 1) GemmKernel(const __grid_constant_
             }
           }
           TmaStoreCommit();
+        }
+        if (kLoraSums) {
+          // Down's LoRA product over h while it is stored: warp 1 over the
+          // tile's first 64 rows, warp 2 over the next; the buffer goes back
+          // once both have read it.
+          if (w >= 32) {
+            const int half = w / 32 - 1;
+            HRowSums(chunk(0, half), chunk(1, half), maps.lora_a, maps.lora_a_stride, maps.rank_h, maps.n / 2,
+                     maps.lora_h_sums, maps.lora_h_sums_stride, maps.m, row + half * 64, col, w % 32);
+          }
+          NamedBarrier(3, 96);
+        }
+        if (w == 0) {
           TmaStoreWaitRead<0>();
           BarrierArrive(released);
         }
@@ -755,8 +856,17 @@ std::string HopperGemm(const HopperGemmOperands& o, HopperEpilogue epilogue, voi
            "16-byte aligned";
   }
   const bool lora_b = o.lora_b_sums != nullptr, lora_a = o.lora_a_sums != nullptr;
+  const bool lora_h = o.lora_h_sums != nullptr;
   if ((lora_b || lora_a) && !backward) {
-    return "HopperGemm: LoRA's sums are SwiGLU's backward's";
+    return "HopperGemm: LoRA's B and A sums are SwiGLU's backward's";
+  }
+  if (lora_h && !swiglu) return "HopperGemm: down's LoRA product over h is SwiGLU's forward's";
+  if (lora_h && (o.lora_a == nullptr || o.rank_h <= 0 || o.rank_h > 256 || o.lora_a_stride < o.n / 2 ||
+                 o.lora_a_stride % 2 != 0 || reinterpret_cast<uintptr_t>(o.lora_a) % 4 != 0 ||
+                 o.lora_h_sums_stride < o.rank_h || o.lora_h_sums_stride % 2 != 0 ||
+                 reinterpret_cast<uintptr_t>(o.lora_h_sums) % 8 != 0)) {
+    return "HopperGemm: down's LoRA product over h needs a of a rank of 1-256, its stride at least n / 2 and even, "
+           "4-byte aligned, and 8-byte aligned sums rows of an even stride at least the rank";
   }
   if (lora_b && (o.lora_t == nullptr || o.rank_gate < 0 || o.rank_up < 0 || o.rank_gate + o.rank_up == 0 ||
                  o.rank_gate > 256 || o.rank_up > 256 || o.lora_t_stride < o.rank_gate + o.rank_up ||
@@ -834,9 +944,13 @@ std::string HopperGemm(const HopperGemmOperands& o, HopperEpilogue epilogue, voi
   maps.lora_u_stride = o.lora_u_stride;
   maps.rank_gate = lora_b ? static_cast<int>(o.rank_gate) : 0;
   maps.rank_up = lora_b ? static_cast<int>(o.rank_up) : 0;
-  maps.rank_h = lora_a ? static_cast<int>(o.rank_h) : 0;
+  maps.rank_h = lora_a || lora_h ? static_cast<int>(o.rank_h) : 0;
   maps.lora_b_sums = o.lora_b_sums;
   maps.lora_a_sums = o.lora_a_sums;
+  maps.lora_a = static_cast<const __nv_bfloat16*>(o.lora_a);
+  maps.lora_a_stride = o.lora_a_stride;
+  maps.lora_h_sums = o.lora_h_sums;
+  maps.lora_h_sums_stride = o.lora_h_sums_stride;
   const int tiles = maps.tiles_m * maps.tiles_n;
   const int grid = std::min(tiles, device.sms);
   auto* s = static_cast<cudaStream_t>(stream);
@@ -846,7 +960,13 @@ std::string HopperGemm(const HopperGemmOperands& o, HopperEpilogue epilogue, voi
   if (lora_a && cudaMemsetAsync(o.lora_a_sums, 0, o.rank_h * o.n * 4, s) != cudaSuccess) {
     return std::string("HopperGemm: zeroing LoRA's A sums failed: ") + cudaGetErrorString(cudaGetLastError());
   }
-  if (swiglu) return Launch<HopperEpilogue::kSwiGlu, false>(maps, grid, s);
+  if (lora_h && cudaMemsetAsync(o.lora_h_sums, 0, o.m * o.lora_h_sums_stride * 4, s) != cudaSuccess) {
+    return std::string("HopperGemm: zeroing down's LoRA sums over h failed: ") + cudaGetErrorString(cudaGetLastError());
+  }
+  if (swiglu) {
+    return lora_h ? Launch<HopperEpilogue::kSwiGlu, false, true>(maps, grid, s)
+                  : Launch<HopperEpilogue::kSwiGlu, false>(maps, grid, s);
+  }
   if (backward) {
     return lora_b || lora_a ? Launch<HopperEpilogue::kSwiGluBackward, true, true>(maps, grid, s)
                             : Launch<HopperEpilogue::kSwiGluBackward, true>(maps, grid, s);

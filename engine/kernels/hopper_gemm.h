@@ -11,8 +11,11 @@
 // the main loop"). At level 3 (opt-in) down's input gradient also takes
 // LoRA's products over its rows (HopperGemmOperands::lora_*), in a kernel of
 // its own, measured slower than level 2 so far ("LoRA's products in down's
-// backward", "Level 3's epilogue by TMA"). bench/gemm/hopper_gemm.cu checks
-// it against cuBLAS and float64 and measures it.
+// backward", "Level 3's epilogue by TMA"). Asked (TRAINERD_HOPPER_DOWN_LORA),
+// gate|up's forward also makes down's LoRA product h A^T over the h it
+// writes (HopperGemmOperands::lora_a, lora_h_sums), in a kernel of its own.
+// bench/gemm/hopper_gemm.cu checks it against cuBLAS and float64 and
+// measures it.
 //
 // Torch-free: raw device pointers, element strides, a cudaStream_t passed as
 // `void*`. Built for sm_90a only (a library of its own, engine/CMakeLists.txt).
@@ -76,6 +79,17 @@ struct HopperGemmOperands {
   int64_t lora_u_stride = 0;
   int64_t rank_h = 0;
   float* lora_a_sums = nullptr;
+  // SwiGLU's forward only, optional: down's LoRA product over the h the
+  // epilogue makes, float32 sums zeroed and written by the launch:
+  //   lora_h_sums (m, rank_h; rows lora_h_sums_stride floats apart, an even
+  //     stride) = h lora_a^T, h rounded to bf16 as written, for lora_a
+  //     (rank_h, n / 2; rows lora_a_stride apart, an even stride) down's A's
+  //     stacked: down's x A^T, which then needs no pass over h of its own.
+  // rank_h 1-256.
+  const void* lora_a = nullptr;
+  int64_t lora_a_stride = 0;
+  float* lora_h_sums = nullptr;
+  int64_t lora_h_sums_stride = 0;
   int64_t m = 0, n = 0, k = 0;
 };
 

@@ -6,8 +6,9 @@
 // exactly the products it should: bf16 on a Hopper GPU, shapes that fill the
 // SMs, the setting on; none in float32, none on the CPU, none switched off.
 // A model whose MLPs the GEMM takes trains the same at every level (on the
-// GPU). (The model with SwiGLU's backward in down's node, on any device:
-// speed_paths_test's SwiGluInDown.)
+// GPU), and with down's LoRA product made by gate|up's GEMM as well (that
+// product against float32's too). (The model with SwiGLU's backward in
+// down's node, on any device: speed_paths_test's SwiGluInDown.)
 // The rotary embedding in q|k|v's GEMM: the product against cuBLAS's and the
 // rotation; q|k|v's node, asked to rotate, gives FusedQkvRope's outputs and
 // gradients (on any device: the rotation in place over the product where
@@ -215,6 +216,59 @@ TEST(SwiGluGemm, DeclinesWhatItShould) {
   EXPECT_FALSE(h_off.defined());
 }
 
+// Down's LoRA product in gate|up's GEMM (DownLoraInGateUpEnabled): t = h
+// a^T in h's first spare columns against float32's product over the GEMM's
+// own h, for ranks 16, 5 (odd: the sums' padded column) and 64 (four blocks
+// of 16; a given in rows wider than its columns) over 4200 rows (a tile's
+// tail) with gate's width 2056 (not of 128); counted where made; declined
+// switched off, at level 1, and for a rank over the spare columns.
+TEST(SwiGluGemm, DownLoraProductMatchesFloat32) {
+  torch::manual_seed(29);
+  const auto opts = torch::TensorOptions().dtype(TorchTestDtype()).device(TorchTestDevice());
+  const int64_t tokens = 4200, in = 1024, f = 2056;
+  const torch::Tensor x = torch::randn({tokens, in}, opts);
+  const torch::Tensor w = torch::randn({2 * f, in}, opts) * 0.03;
+  const bool expected = Expected(tokens, 2 * f, in);
+  struct Rank {
+    int64_t rank, spare, a_stride;
+  };
+  engine::SetSwiGluGemm(2);
+  engine::SetDownLoraInGateUp(true);
+  for (const Rank& r : {Rank{16, 16, f}, Rank{5, 8, f}, Rank{64, 64, f + 8}}) {
+    SCOPED_TRACE("rank " + std::to_string(r.rank));
+    const torch::Tensor a = (torch::randn({r.rank, r.a_stride}, opts) * 0.1).narrow(1, 0, f);
+    torch::Tensor h;
+    bool made = !expected;
+    const engine::EpilogueGemmCounts before = engine::EpilogueGemmRuns();
+    const torch::Tensor gate_up = engine::GateUpWithSwiGlu(x, w, r.spare, &h, a, &made);
+    const engine::EpilogueGemmCounts after = engine::EpilogueGemmRuns();
+    EXPECT_EQ(gate_up.defined(), expected);
+    EXPECT_EQ(made, expected);
+    EXPECT_EQ(after.down_lora - before.down_lora, expected ? 1 : 0);
+    if (!made) continue;
+    ASSERT_EQ(h.stride(0), f + r.spare);
+    const torch::Tensor t = h.as_strided({tokens, r.rank}, {h.stride(0), 1}, h.storage_offset() + f);
+    const torch::Tensor reference = torch::mm(h.to(torch::kFloat32), a.to(torch::kFloat32).t());
+    EXPECT_LE(RelativeError(t, reference), 1e-2);
+    EXPECT_LE(RelativeError(t.narrow(0, tokens - 8, 8), reference.narrow(0, tokens - 8, 8)), 1e-2) << "the tail";
+  }
+  testing::Report("down's LoRA product made by gate|up's GEMM", expected ? 1 : 0);
+  const torch::Tensor a = torch::randn({16, f}, opts) * 0.1;
+  auto declined = [&](int64_t spare) {
+    torch::Tensor h;
+    bool made = true;
+    engine::GateUpWithSwiGlu(x, w, spare, &h, a, &made);
+    return !made;
+  };
+  EXPECT_TRUE(declined(8)) << "rank 16 over 8 spare columns";
+  engine::SetSwiGluGemm(1);
+  EXPECT_TRUE(declined(16)) << "level 1";
+  engine::SetSwiGluGemm(2);
+  engine::SetDownLoraInGateUp(false);
+  EXPECT_TRUE(declined(16)) << "switched off";
+  engine::SetSwiGluGemm(0);
+}
+
 // SwiGLU's backward in down's input-gradient GEMM: [dgate | dup] against
 // cuBLAS's dh and SwiGluGradients, from operands laid out as down's node has
 // them ([g | u | 0] in rows wider than its columns, [W ; A ; 0]'s left
@@ -327,26 +381,32 @@ TEST(SwiGluGemm, ModelTrainsAsWithoutItAtEveryLevel) {
   const engine::Batch batch = TwoRows(*model, storage);
   struct Result {
     Trained trained;
-    int64_t forward = 0, backward = 0;
+    int64_t forward = 0, backward = 0, down_lora = 0;
   };
-  auto run = [&](int level) {
+  auto run = [&](int level, bool down_lora) {
     engine::SetSwiGluGemm(level);
+    engine::SetDownLoraInGateUp(down_lora);
     const engine::EpilogueGemmCounts before = engine::EpilogueGemmRuns();
     Result r{LossAndGradients(*model, batch)};
     const engine::EpilogueGemmCounts after = engine::EpilogueGemmRuns();
     engine::SetSwiGluGemm(0);
+    engine::SetDownLoraInGateUp(false);
     r.forward = after.forward - before.forward;
     r.backward = after.backward - before.backward;
+    r.down_lora = after.down_lora - before.down_lora;
     return r;
   };
-  const Result plain = run(0);
-  EXPECT_EQ(plain.forward + plain.backward, 0);
-  for (int level : {1, 2, 3}) {
-    SCOPED_TRACE("level " + std::to_string(level));
-    const Result fused = run(level);
+  const Result plain = run(0, false);
+  EXPECT_EQ(plain.forward + plain.backward + plain.down_lora, 0);
+  // Levels 1-3, then level 2 with down's LoRA product in gate|up's GEMM too.
+  for (auto [level, down_lora] : {std::pair<int, bool>{1, false}, {2, false}, {3, false}, {2, true}}) {
+    const std::string what = "level " + std::to_string(level) + (down_lora ? " with down's LoRA product" : "");
+    SCOPED_TRACE(what);
+    const Result fused = run(level, down_lora);
     EXPECT_EQ(fused.forward, 2) << "gate|up of each layer";
     EXPECT_EQ(fused.backward, level >= 2 ? 2 : 0) << "down's input gradient of each layer";
-    ExpectTrainsAs(fused.trained, plain.trained, "level " + std::to_string(level) + " against level 0");
+    EXPECT_EQ(fused.down_lora, down_lora ? 2 : 0) << "down's LoRA product in gate|up's GEMM";
+    ExpectTrainsAs(fused.trained, plain.trained, what + " against level 0");
   }
 }
 

@@ -209,6 +209,72 @@ TEST(SwiGluInDown, SameLossAndGradientsAsSwiGlusOwnNode) {
   }
 }
 
+// Down's node with SwiGLU's inputs takes t = x A^T from x's spare columns
+// where gate|up's GEMM made it (SwiGluInput::lora_t_made; engine/
+// epilogue_gemm.h, DownLoraInGateUpEnabled): given the product there, its
+// output and every gradient are those of the node that makes t itself; given
+// zeros there, its output is x W^T alone (it took the columns as they were);
+// with LoRA dropout it makes t from the dropped rows whatever the flag.
+// CurrentLoraA gives the copy of A that the node reads.
+TEST(SwiGluInDown, TakesTheLoraProductGateUpsGemmMade) {
+  torch::manual_seed(13);
+  const auto opts = torch::TensorOptions().dtype(TorchTestDtype()).device(TorchTestDevice());
+  const auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(TorchTestDevice());
+  const int64_t n = 10, f = 24, out = 16;
+  engine::Linear down;
+  down.name = "down";
+  down.weight = torch::randn({out, f}, opts) * 0.2;
+  engine::LoraWeights lora;
+  lora.a = (torch::randn({4, f}, f32) * 0.3).set_requires_grad(true);
+  lora.b = (torch::randn({out, 4}, f32) * 0.3).set_requires_grad(true);
+  lora.scaling = 2.0;
+  down.lora = lora;
+  engine::LinearGroup group;
+  engine::Widen(group, {&down});
+  const engine::GroupMembers members{&group, {&down}};
+  const torch::Tensor a = engine::CurrentLoraA(members);
+  ASSERT_TRUE(a.defined());
+  EXPECT_TRUE(torch::equal(a, lora.a.detach().to(TorchTestDtype()))) << "A in the model dtype";
+  const torch::Tensor gate_up = torch::randn({n, 2 * f}, opts);
+  const torch::Tensor weights = torch::linspace(-1, 1, out, f32);
+  // {output, d[gate | up], dA, dB}; x's spare columns hold x A^T or zeros
+  // before the forward.
+  auto run = [&](bool made, bool product_there, const engine::DropoutMasks& masks) {
+    const torch::Tensor gu = gate_up.clone().requires_grad_(true);
+    const torch::Tensor gate = gu.narrow(1, 0, f), up = gu.narrow(1, f, f);
+    const torch::Tensor rows = torch::zeros({n, f + group.cols}, opts);
+    const torch::Tensor x = rows.narrow(1, 0, f);
+    {
+      const torch::NoGradGuard no_grad;
+      x.copy_(torch::silu(gate) * up);
+      if (product_there) rows.narrow(1, f, 4).copy_(torch::mm(x, a.t()));
+    }
+    const engine::SwiGluInput input{gate, up, {}, {}, {}, 0, 0, made};
+    const std::vector<torch::Tensor> ys = engine::ForwardGroup(members, x, {}, masks, nullptr, &input);
+    down.lora->a.mutable_grad() = torch::Tensor();
+    down.lora->b.mutable_grad() = torch::Tensor();
+    (ys[0].to(torch::kFloat32) * weights).sum().backward();
+    return std::vector<torch::Tensor>{ys[0].detach(), gu.grad(), down.lora->a.grad().clone(),
+                                      down.lora->b.grad().clone(), x.detach().clone()};
+  };
+  const double tolerance = TestTolerances().loss;
+  const std::vector<torch::Tensor> own = run(false, false, {});
+  const std::vector<torch::Tensor> taken = run(true, true, {});
+  for (size_t i = 0; i < 4; ++i) EXPECT_LE(RelativeError(taken[i], own[i]), tolerance) << "result " << i;
+  const std::vector<torch::Tensor> zeros = run(true, false, {});
+  EXPECT_LE(RelativeError(zeros[0], torch::mm(zeros[4], down.weight.t())), tolerance) << "the columns as they were";
+  EXPECT_GT(RelativeError(zeros[0], own[0]), 100 * tolerance) << "the LoRA term counts in this test";
+  // Dropout on down's LoRA: the node makes t itself, from the dropped rows.
+  const engine::DropoutDraw draw = engine::NewDropoutDraw(TorchTestDevice(), 8);
+  down.lora->dropout = 0.5;
+  const std::vector<torch::Tensor> dropped_own = run(false, false, {&draw, 3});
+  const std::vector<torch::Tensor> dropped_flagged = run(true, false, {&draw, 3});
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_LE(RelativeError(dropped_flagged[i], dropped_own[i]), tolerance) << "dropout, result " << i;
+  }
+  EXPECT_GT(RelativeError(dropped_own[0], own[0]), 100 * tolerance) << "dropout counts in this test";
+}
+
 // Identity whose backward hands on its output gradient as the left part of
 // rows `spare` elements wider, NaN in the spare columns, as the norm after a
 // down projection does (FusedAddRmsNorm's gradient_spare_columns); the rows'

@@ -196,19 +196,23 @@ TEST_F(WorkerCliTest, HopperGemmSettingsTrainAsTheDefaultAndSayWhereTheEpilogues
   Outcome plain = Run({"run", job_default});
   ::setenv("TRAINERD_HOPPER_GEMM", "2", /*overwrite=*/1);
   ::setenv("TRAINERD_HOPPER_ROPE", "1", /*overwrite=*/1);
+  ::setenv("TRAINERD_HOPPER_DOWN_LORA", "1", /*overwrite=*/1);
   Outcome fused = Run({"run", job_level2});
   ::unsetenv("TRAINERD_HOPPER_GEMM");
   ::unsetenv("TRAINERD_HOPPER_ROPE");
+  ::unsetenv("TRAINERD_HOPPER_DOWN_LORA");
   ASSERT_EQ(plain.exit_code, 0) << plain.err;
   ASSERT_EQ(fused.exit_code, 0) << fused.err;
-  const std::regex note(R"(TRAINERD_HOPPER_GEMM=2, TRAINERD_HOPPER_ROPE=1: the first step ran SwiGLU's forward )"
-                        R"(in (\d+) gate\|up products and its backward in (\d+) down products, and the rotary )"
+  const std::regex note(R"(TRAINERD_HOPPER_GEMM=2, TRAINERD_HOPPER_DOWN_LORA=1, TRAINERD_HOPPER_ROPE=1: the first )"
+                        R"(step ran SwiGLU's forward in (\d+) gate\|up products and its backward in (\d+) down )"
+                        R"(products, down's LoRA product over h in (\d+) gate\|up products, and the rotary )"
                         R"(embedding in (\d+) q\|k\|v products of the Hopper GEMM)");
   std::smatch m;
   ASSERT_TRUE(std::regex_search(fused.err, m, note)) << fused.err;
   EXPECT_EQ(m[1].str(), "0");
   EXPECT_EQ(m[2].str(), "0");
   EXPECT_EQ(m[3].str(), "0");
+  EXPECT_EQ(m[4].str(), "0");
   EXPECT_EQ(plain.err.find("TRAINERD_HOPPER"), std::string::npos) << "said only when switched on";
 
   std::vector<double> losses[2];
