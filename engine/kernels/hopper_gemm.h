@@ -1,12 +1,13 @@
 // A GEMM of our own for Hopper GPUs (sm_90a: TMA and wgmma), for the 8b
 // decoder's large bf16 products: D = X W^T with float32 accumulation, W given
 // either as stored by a linear layer (n, k) or transposed (k, n), and
-// optionally SwiGLU's forward or backward in the epilogue. The engine runs it
-// for two products, behind TRAINERD_HOPPER_GEMM (engine/epilogue_gemm.h):
-// gate|up's forward with SwiGLU's forward in the epilogue, and down's input
-// gradient with SwiGLU's backward in it, where the fusion saves the SwiGLU
-// pass's joules; a plain product on it spends the same joules as cuBLAS's at
-// the card's power cap, so the others stay cuBLAS's
+// optionally SwiGLU's forward or backward or the rotary embedding in the
+// epilogue. The engine runs it for three products (engine/epilogue_gemm.h):
+// gate|up's forward with SwiGLU's forward in the epilogue and down's input
+// gradient with SwiGLU's backward in it (TRAINERD_HOPPER_GEMM), and q|k|v's
+// forward with q's and k's rotation (TRAINERD_HOPPER_ROPE), where the fusion
+// saves a pass's joules; a plain product on it spends the same joules as
+// cuBLAS's at the card's power cap, so the others stay cuBLAS's
 // (bench/speed/NOTES.md, "The GEMMs at the power cap" and "The epilogue under
 // the main loop"). At level 3 (opt-in) down's input gradient also takes
 // LoRA's products over its rows (HopperGemmOperands::lora_*), in a kernel of
