@@ -263,7 +263,8 @@ TEST(SwiGluInDown, TakesTheLoraProductGateUpsGemmMade) {
   for (size_t i = 0; i < 4; ++i) EXPECT_LE(RelativeError(taken[i], own[i]), tolerance) << "result " << i;
   const std::vector<torch::Tensor> zeros = run(true, false, {});
   EXPECT_LE(RelativeError(zeros[0], torch::mm(zeros[4], down.weight.t())), tolerance) << "the columns as they were";
-  EXPECT_GT(RelativeError(zeros[0], own[0]), 100 * tolerance) << "the LoRA term counts in this test";
+  // The LoRA term is about as large as x W^T here: far above any dtype's tolerance.
+  EXPECT_GT(Report("the LoRA term's share of down's output", RelativeError(zeros[0], own[0])), 0.2);
   // Dropout on down's LoRA: the node makes t itself, from the dropped rows.
   const engine::DropoutDraw draw = engine::NewDropoutDraw(TorchTestDevice(), 8);
   down.lora->dropout = 0.5;
@@ -272,7 +273,7 @@ TEST(SwiGluInDown, TakesTheLoraProductGateUpsGemmMade) {
   for (size_t i = 0; i < 4; ++i) {
     EXPECT_LE(RelativeError(dropped_flagged[i], dropped_own[i]), tolerance) << "dropout, result " << i;
   }
-  EXPECT_GT(RelativeError(dropped_own[0], own[0]), 100 * tolerance) << "dropout counts in this test";
+  EXPECT_GT(Report("dropout's change of down's output", RelativeError(dropped_own[0], own[0])), 0.2);
 }
 
 // Identity whose backward hands on its output gradient as the left part of
