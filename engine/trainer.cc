@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstdlib>
 #include <filesystem>
 #include <optional>
 
@@ -31,8 +30,7 @@ double Seconds(Clock::time_point since) {
 // products counted before it: a measurement at TRAINERD_HOPPER_GEMM 1 or 2,
 // or with TRAINERD_HOPPER_ROPE=1, must say whether the GEMM took them (it
 // declines products it does not suit).
-std::string EpilogueGemmNote(const EpilogueGemmCounts& before, int level, bool rope, const torch::Device& device,
-                             torch::ScalarType dtype) {
+std::string EpilogueGemmNote(const EpilogueGemmCounts& before, int level, bool rope, bool down_lora) {
   const EpilogueGemmCounts now = EpilogueGemmRuns();
   auto origin = [](bool automatic) { return automatic ? " (the default here)" : ""; };
   std::string settings, ran;
@@ -40,8 +38,8 @@ std::string EpilogueGemmNote(const EpilogueGemmCounts& before, int level, bool r
     settings = "TRAINERD_HOPPER_GEMM=" + std::to_string(level) + origin(SwiGluGemmLevelIsAutomatic());
     ran = "SwiGLU's forward in " + std::to_string(now.forward - before.forward) + " gate|up products";
     if (level >= 2) ran += " and its backward in " + std::to_string(now.backward - before.backward) + " down products";
-    if (now.down_lora > before.down_lora || std::getenv("TRAINERD_HOPPER_DOWN_LORA") != nullptr) {
-      settings += ", TRAINERD_HOPPER_DOWN_LORA=" + std::string(DownLoraInGateUpEnabled(device, dtype) ? "1" : "0");
+    if (down_lora) {
+      settings += ", TRAINERD_HOPPER_DOWN_LORA=1";
       ran += ", down's LoRA product over h in " + std::to_string(now.down_lora - before.down_lora) +
              " gate|up products";
     }
@@ -330,6 +328,7 @@ StatusOr<RunResult> Trainer::Run(const RunOptions& options) {
   const EpilogueGemmCounts epilogue_gemm_before = EpilogueGemmRuns();
   const int epilogue_level = SwiGluGemmLevel(model_.device(), model_.dtype());
   const bool epilogue_rope = RopeGemmEnabled(model_.device(), model_.dtype());
+  const bool epilogue_down_lora = DownLoraInGateUpEnabled(model_.device(), model_.dtype());
   const int64_t attention_before = HopperAttentionRuns();
 
   for (int64_t step = first_step; step < total_steps_; ++step) {
@@ -387,8 +386,7 @@ StatusOr<RunResult> Trainer::Run(const RunOptions& options) {
     TRAINERD_RETURN_IF_ERROR(profiler.AfterStep(step - first_step + 1));
     if (step == first_step && (epilogue_level > 0 || epilogue_rope) &&
         (model_.device().is_cuda() || EpilogueGemmSettingsGiven())) {
-      reporter_.OnMessage(
-          EpilogueGemmNote(epilogue_gemm_before, epilogue_level, epilogue_rope, model_.device(), model_.dtype()));
+      reporter_.OnMessage(EpilogueGemmNote(epilogue_gemm_before, epilogue_level, epilogue_rope, epilogue_down_lora));
     }
     // Where the attention kernels of our own ran (the automatic setting: bf16
     // on a Hopper GPU, heads of 128), or were asked for and did not.

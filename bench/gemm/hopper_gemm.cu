@@ -519,16 +519,9 @@ bool Check(const Case& c) {
     CHECK_CUDA(cudaMemcpy(ours.data(), t.lora_sums, count * 4, cudaMemcpyDeviceToHost));
     CHECK_CUDA(cudaMemcpy(theirs.data(), reference, count * 4, cudaMemcpyDeviceToHost));
     CHECK_CUDA(cudaFree(reference));
-    double worst = 0, scale = 0;
-    bool finite = true;
-    for (size_t i = 0; i < count; ++i) {
-      finite = finite && std::isfinite(ours[i]);
-      worst = std::max(worst, static_cast<double>(std::fabs(ours[i] - theirs[i])));
-      scale = std::max(scale, static_cast<double>(std::fabs(theirs[i])));
-    }
-    const double relative = worst / std::max(scale, 1e-30);
-    ok = ok && finite && relative < 1e-4;
-    std::printf("; down's h A^T worst %.2e of max%s", relative, finite ? "" : ", NaN");
+    const Comparison ct = Compare(ours, theirs);
+    ok = ok && !ct.nan && ct.worst_relative < 1e-4;
+    std::printf("; down's h A^T worst %.2e of max%s", ct.worst_relative, ct.nan ? ", NaN" : "");
   }
   std::printf(" %s\n", ok ? "ok" : "FAILED");
   return ok;

@@ -462,7 +462,8 @@ __device__ __forceinline__ void HRowSums(const uint8_t* c0, const uint8_t* c1, c
 
 // kLoraSums: SwiGLU's backward with LoRA's sums (a kernel of its own: their
 // code in the epilogue warps' part costs the plain backward's epilogue its
-// registers, measured 1.8 times slower with it in one kernel).
+// registers, measured 1.8 times slower with it in one kernel), or SwiGLU's
+// forward with down's LoRA product over h (HRowSums; likewise its own).
 template <HopperEpilogue kEpilogue, bool kWTransposed, bool kLoraSums>
 __global__ void __launch_bounds__(kThreads, 1) GemmKernel(const __grid_constant__ GemmMaps maps) {
   static_assert(!kLoraSums || kEpilogue == HopperEpilogue::kSwiGluBackward || kEpilogue == HopperEpilogue::kSwiGlu,
